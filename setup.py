@@ -1,0 +1,34 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="tba_jax",
+    version="0.1.0",
+    description="Fast asynchronous LLM RL post-training with trajectory balance (TBA) in JAX",
+    packages=find_packages(include=["tba_jax", "tba_jax.*", "configs", "experiments"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.10",
+        "flax>=0.12",
+        "optax>=0.2.5",
+        "orbax-checkpoint>=0.11",
+        "transformers>=5.0",
+        "tokenizers>=0.21",
+        "numpy>=1.26",
+        "ml-collections>=1.0",
+        "absl-py",
+        "safetensors>=0.5",
+        "gguf>=0.17",
+        "huggingface_hub",
+        "chex>=0.1.90",
+        "tqdm",
+        "matplotlib",
+        "tensorboardX",
+    ],
+    extras_require={
+        # torch (CPU build) and accelerate: parity tests against transformers' PyTorch models.
+        "test": ["pytest", "pytest-timeout", "torch==2.13.0", "accelerate"],
+        # Peers measured side by side in benchmarks/.
+        "bench": ["torch==2.13.0", "accelerate", "trl", "datasets"],
+        "wandb": ["wandb"],
+    },
+)

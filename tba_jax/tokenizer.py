@@ -1,0 +1,146 @@
+"""Tokenizers: transformers' AutoTokenizer, one rebuilt from GGUF metadata, or a byte one.
+
+All three are wrapped in one `Tokenizer` (a transformers fast tokenizer inside)
+exposing what the rest of the code needs: encode / decode, EOS and pad ids,
+and the chat template.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Sequence
+
+# GGUF pre-tokenizer names -> the regex splits llama.cpp applies, in order.
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_PRE_SPLITS = {
+    "default": [_GPT2_SPLIT], "gpt2": [_GPT2_SPLIT],
+    # SmolLM / StarCoder: every digit on its own, then GPT-2's split.
+    "smollm": [r"\p{N}", _GPT2_SPLIT], "starcoder": [r"\p{N}", _GPT2_SPLIT],
+    "refact": [r"\p{N}", _GPT2_SPLIT],
+    "llama-bpe": [_LLAMA3_SPLIT], "llama3": [_LLAMA3_SPLIT], "qwen2": [_QWEN2_SPLIT],
+}
+
+
+@dataclasses.dataclass
+class Tokenizer:
+  """A transformers fast tokenizer plus the ids generation needs."""
+  hf: object  # transformers.PreTrainedTokenizerFast
+  eos_ids: tuple[int, ...]
+  pad_id: int
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.hf)
+
+  def encode(self, text: str) -> list[int]:
+    return self.hf.encode(text, add_special_tokens=False)
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+  def chat_prompt(self, user_text: str, system: str | None = None) -> str:
+    """The chat template applied to one user turn, ending where the reply starts.
+
+    With `system=None` the template may insert its own default system prompt.
+    """
+    messages = [{"role": "user", "content": user_text}]
+    if system is not None:
+      messages.insert(0, {"role": "system", "content": system})
+    return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def _wrap(hf, extra_eos: Sequence[int] = ()) -> Tokenizer:
+  eos = [hf.eos_token_id] if hf.eos_token_id is not None else []
+  eos += [i for i in extra_eos if i not in eos]
+  if not eos:
+    raise ValueError("tokenizer defines no EOS token")
+  pad = hf.pad_token_id if hf.pad_token_id is not None else eos[0]
+  return Tokenizer(hf=hf, eos_ids=tuple(eos), pad_id=pad)
+
+
+def _chat_end_ids(hf) -> list[int]:
+  # Chat models end a turn with a marker that is not always the EOS token.
+  vocab = hf.get_vocab()
+  return [vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>") if t in vocab]
+
+
+def from_pretrained(path_or_repo_id: str) -> Tokenizer:
+  """transformers.AutoTokenizer from a local directory or a hub id."""
+  import transformers
+  try:
+    hf = transformers.AutoTokenizer.from_pretrained(path_or_repo_id)
+  except OSError as e:
+    raise OSError(f"could not load a tokenizer from {path_or_repo_id!r}: {e}") from None
+  return _wrap(hf, _chat_end_ids(hf))
+
+
+def from_gguf(path: str) -> Tokenizer:
+  """The byte-level BPE tokenizer (e.g. SmolLM2's) described by a GGUF file's metadata."""
+  import gguf
+  import transformers
+  from tokenizers import Regex, Tokenizer as RawTokenizer, decoders, models, pre_tokenizers
+  reader = gguf.GGUFReader(path)
+  field = lambda k, d=None: reader.fields[k].contents() if k in reader.fields else d
+  kind = field("tokenizer.ggml.model")
+  if kind != "gpt2":
+    raise ValueError(f"{path}: GGUF tokenizer model {kind!r} is not supported (only byte-level "
+                     "BPE, 'gpt2')")
+  pre = field("tokenizer.ggml.pre", "default")
+  if pre not in _PRE_SPLITS:
+    raise ValueError(f"{path}: GGUF pre-tokenizer {pre!r} is not supported "
+                     f"(supported: {sorted(_PRE_SPLITS)})")
+  tokens = field("tokenizer.ggml.tokens")
+  merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges")]
+  raw = RawTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges,
+                                fuse_unk=False, byte_fallback=False))
+  raw.pre_tokenizer = pre_tokenizers.Sequence(
+      [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_SPLITS[pre]] +
+      [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  raw.decoder = decoders.ByteLevel()
+  # Control tokens (type 3) are matched whole, never split.
+  types = field("tokenizer.ggml.token_type", [])
+  specials = [t for t, ty in zip(tokens, types) if ty == 3]
+  name = lambda key: tokens[field(key)] if field(key) is not None else None
+  hf = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=raw, bos_token=name("tokenizer.ggml.bos_token_id"),
+      eos_token=name("tokenizer.ggml.eos_token_id"), unk_token=name("tokenizer.ggml.unknown_token_id"),
+      pad_token=name("tokenizer.ggml.padding_token_id"), additional_special_tokens=specials,
+      chat_template=field("tokenizer.chat_template"))
+  return _wrap(hf, _chat_end_ids(hf))
+
+
+BYTE_SPECIALS = ("<pad>", "<eos>", "<bos>", "<|im_start|>", "<|im_end|>")
+
+
+def byte_tokenizer() -> Tokenizer:
+  """A tiny real tokenizer for tests and the `tiny` config: 256 bytes + 5 specials.
+
+  Ids 0-4 are the specials (pad, eos, bos, im_start, im_end); ids 5.. are bytes.
+  """
+  import transformers
+  from tokenizers import Tokenizer as RawTokenizer, decoders, models, pre_tokenizers
+  byte_chars = list(pre_tokenizers.ByteLevel.alphabet())
+  vocab = {t: i for i, t in enumerate(BYTE_SPECIALS)}
+  vocab.update({c: len(BYTE_SPECIALS) + i for i, c in enumerate(sorted(byte_chars))})
+  raw = RawTokenizer(models.BPE(vocab, [], fuse_unk=False))
+  raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  raw.decoder = decoders.ByteLevel()
+  template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+              "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+  hf = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+      additional_special_tokens=["<|im_start|>", "<|im_end|>"], chat_template=template)
+  return _wrap(hf, _chat_end_ids(hf))
+
+
+def load(path: str) -> Tokenizer:
+  """A tokenizer for a model path: GGUF metadata, a HF directory / hub id, or "bytes"."""
+  if path == "bytes":
+    return byte_tokenizer()
+  if path.endswith(".gguf") and os.path.exists(path):
+    return from_gguf(path)
+  return from_pretrained(path)

@@ -1,0 +1,27 @@
+"""Test setup: 8 fake CPU devices, set BEFORE jax is imported anywhere."""
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import jax  # noqa: E402  (after the flags above)
+
+# Repeated test runs reuse compiled programs.
+jax.config.update("jax_compilation_cache_dir",
+                  os.path.expanduser(os.environ.get("TBA_JAX_TEST_CACHE", "~/.cache/tba_jax_test_xla")))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+import pytest  # noqa: E402
+
+from tba_jax.model import ModelConfig  # noqa: E402
+
+TINY_LLAMA = ModelConfig(vocab_size=128, dim=64, mlp_dim=128, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6)
+
+
+@pytest.fixture
+def tiny_cfg():
+  return TINY_LLAMA
