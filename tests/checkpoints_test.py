@@ -1,0 +1,178 @@
+"""Checkpoint I/O: safetensors round trip, GGUF, sharded placement, bad inputs."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from hf_models import hf_logits, left_padded_batch, make_hf_model
+from tba_jax import checkpoints, model, sharding
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+  """llama.cpp's convert script permutation of q/k rows (what GGUF files hold)."""
+  return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_gguf(hf, path):
+  import gguf
+  c = hf.config
+  w = gguf.GGUFWriter(path, "llama")
+  w.add_block_count(c.num_hidden_layers)
+  w.add_context_length(c.max_position_embeddings)
+  w.add_embedding_length(c.hidden_size)
+  w.add_feed_forward_length(c.intermediate_size)
+  w.add_head_count(c.num_attention_heads)
+  w.add_head_count_kv(c.num_key_value_heads)
+  w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+  w.add_layer_norm_rms_eps(c.rms_norm_eps)
+  w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+  w.add_vocab_size(c.vocab_size)
+  sd = {k: v.numpy() for k, v in hf.state_dict().items()}
+  names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+           "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+           "mlp.down_proj": "ffn_down"}
+  w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+  w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+  for i in range(c.num_hidden_layers):
+    for hf_name, g in names.items():
+      t = sd[f"model.layers.{i}.{hf_name}.weight"]
+      if g == "attn_q":
+        t = _permute(t, c.num_attention_heads)
+      elif g == "attn_k":
+        t = _permute(t, c.num_key_value_heads)
+      w.add_tensor(f"blk.{i}.{g}.weight", t)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+  hf = make_hf_model("llama_tied", seed=3)
+  path = str(tmp_path_factory.mktemp("llama"))
+  hf.save_pretrained(path)
+  return hf, path
+
+
+def test_gguf_with_llamacpp_permutation_loads_to_same_logits(llama_dir, tmp_path):
+  hf, path = llama_dir
+  gguf_path = str(tmp_path / "tiny.gguf")
+  _write_gguf(hf, gguf_path)
+  cfg_hf, params_hf = checkpoints.load(path)
+  cfg, params = checkpoints.load(gguf_path)
+  assert cfg.tie_embeddings  # no output.weight in the file
+  tokens, mask = left_padded_batch(np.random.default_rng(4), [7, 4])
+  a = np.asarray(model.logits(cfg, params, tokens, mask))
+  b = np.asarray(model.logits(cfg_hf, params_hf, tokens, mask))
+  np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["qwen2", "llama3_scaling"])
+def test_save_hf_round_trip_through_transformers(variant, tmp_path):
+  import transformers
+  hf = make_hf_model(variant, seed=5)
+  src = str(tmp_path / "src")
+  hf.save_pretrained(src)
+  cfg, params = checkpoints.load(src)
+  out = str(tmp_path / "export")
+  checkpoints.save_hf(cfg, params, out)
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+  tokens, mask = left_padded_batch(np.random.default_rng(5), [6, 3])
+  ref = hf_logits(hf, tokens, mask)
+  got = hf_logits(reloaded, tokens, mask)
+  real = mask.astype(bool)
+  np.testing.assert_allclose(got[real], ref[real], atol=1e-5, rtol=0)
+  assert checkpoints.read_config(out) == cfg
+
+
+def test_save_hf_sharded_index_and_bfloat16(llama_dir, tmp_path):
+  _, path = llama_dir
+  cfg, params = checkpoints.load(path, dtype="bfloat16")
+  assert params["embed"].dtype == np.dtype("bfloat16")
+  checkpoints.save_hf(cfg, params, str(tmp_path), max_shard_bytes=20_000)
+  assert os.path.exists(tmp_path / "model.safetensors.index.json")
+  cfg2, params2 = checkpoints.load(str(tmp_path), dtype="bfloat16")
+  assert cfg2 == cfg
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_load_places_each_leaf_on_its_mesh_sharding(llama_dir):
+  _, path = llama_dir
+  mesh = sharding.make_mesh("trainer", jax.devices()[:4])
+  cfg, params = checkpoints.load(path, mesh=mesh, role="trainer")
+  want = sharding.param_shardings(cfg, "trainer", mesh)
+  for leaf, s in zip(jax.tree.leaves(params), jax.tree.leaves(want)):
+    assert leaf.sharding == s
+  _, ref = checkpoints.load(path)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _edit_config(path, tmp_path, **changes):
+  import shutil
+  dst = tmp_path / "edited"
+  shutil.copytree(path, dst)
+  c = json.loads((dst / "config.json").read_text())
+  c.update(changes)
+  (dst / "config.json").write_text(json.dumps(c))
+  return str(dst)
+
+
+def test_unsupported_architecture_is_named(llama_dir, tmp_path):
+  path = _edit_config(llama_dir[1], tmp_path, model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"])
+  with pytest.raises(ValueError, match="unsupported architecture model_type='gpt_neox'"):
+    checkpoints.load(path)
+
+
+def test_wrong_tensor_shape_is_named(llama_dir, tmp_path):
+  path = _edit_config(llama_dir[1], tmp_path, intermediate_size=96)
+  with pytest.raises(ValueError, match=r"model.layers.0.mlp.gate_proj.weight.*\(128, 64\)"):
+    checkpoints.load(path)
+
+
+def test_missing_tensor_is_named(llama_dir, tmp_path):
+  path = _edit_config(llama_dir[1], tmp_path, tie_word_embeddings=False)
+  with pytest.raises(KeyError, match="lm_head.weight"):
+    checkpoints.load(path)
+
+
+def test_checkpoint_that_does_not_fit_the_model_is_refused(llama_dir):
+  cfg, _ = checkpoints.load(llama_dir[1])
+  with pytest.raises(ValueError, match="does not fit the model"):
+    checkpoints.load(llama_dir[1], model_config=cfg.replace(num_layers=3))
+
+
+def test_missing_path_and_offline_hub_give_clear_errors(tmp_path):
+  with pytest.raises(FileNotFoundError, match="no such file"):
+    checkpoints.load(str(tmp_path / "nope"))
+  with pytest.raises(FileNotFoundError, match="no config.json"):
+    checkpoints.load(str(tmp_path))
+  with pytest.raises(OSError, match="could not fetch 'someone/some-model'"):
+    checkpoints.load("someone/some-model")
+
+
+@pytest.mark.slow
+def test_real_smollm2_gguf_matches_transformers_gguf_loading():
+  import torch
+  import transformers
+  from tba_jax import tokenizer
+  path = checkpoints.smollm2_gguf_path()
+  cfg, params = checkpoints.load(path)
+  tok = tokenizer.from_gguf(path)
+  data = os.path.join(os.path.dirname(__file__), "data", "gsm8k_test.jsonl")
+  question = json.loads(open(data).readline())["question"]
+  ids = tok.encode("[MATH TASK] Problem:\n" + question + "\n\nSolution:\n")
+  ours = np.asarray(model.logits(cfg, params, np.array([ids])))
+  ref = transformers.AutoModelForCausalLM.from_pretrained(
+      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
+  hf_tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path),
+                                                      gguf_file=os.path.basename(path))
+  assert hf_tok.encode(question, add_special_tokens=False) == tok.encode(question)
+  with torch.no_grad():
+    want = ref(torch.tensor([ids])).logits.numpy()
+  np.testing.assert_allclose(ours, want, atol=1e-3, rtol=0)
