@@ -1,0 +1,1 @@
+"""Tasks: problems, prompt formats and rewards (pure Python)."""

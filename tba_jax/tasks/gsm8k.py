@@ -1,0 +1,112 @@
+"""GSM8K: loading, the paper's prompt, answer extraction and the 0/1 reward.
+
+Answer extraction follows the paper: commas removed, the LAST number in the
+text, compared to the gold answer (the number after "####") as floats.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+
+PAPER_PROMPT = "[MATH TASK] Problem:\n{question}\n\nSolution:\n"
+HUB_ID = "openai/gsm8k"
+_NUMBER = re.compile(r"-?\d*\.?\d+")
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  id: int  # stable within a split: the replay buffer's prompt id
+  question: str
+  answer: str  # full reference solution, "... #### 42"
+  gold: float
+
+
+def extract_answer(text: str) -> float | None:
+  """The last number in `text` (commas removed), or None when there is none."""
+  numbers = _NUMBER.findall(text.replace(",", ""))
+  if not numbers:
+    return None
+  try:
+    return float(numbers[-1])
+  except ValueError:
+    return None
+
+
+def gold_answer(answer: str) -> float:
+  """The gold number of a GSM8K reference answer (after "####")."""
+  if "####" not in answer:
+    raise ValueError(f"GSM8K answer has no '####' line: {answer[-80:]!r}")
+  value = extract_answer(answer.split("####")[-1])
+  if value is None:
+    raise ValueError(f"GSM8K answer has no number after '####': {answer[-80:]!r}")
+  return value
+
+
+def reward(completion: str, gold: float) -> float:
+  """1.0 when the completion's last number equals the gold answer, else 0.0."""
+  value = extract_answer(completion)
+  return float(value is not None and value == gold)
+
+
+def make_prompt(question: str, style: str, tokenizer=None) -> str:
+  """`style`: "paper" (the TBA paper's prompt) or "chat" (the tokenizer's chat template)."""
+  if style == "paper":
+    return PAPER_PROMPT.format(question=question)
+  if style == "chat":
+    if tokenizer is None:
+      raise ValueError("the chat prompt style needs a tokenizer")
+    return tokenizer.chat_prompt(question)
+  raise ValueError(f"unknown prompt style {style!r} (paper, chat)")
+
+
+def _read_jsonl(path: str) -> list[dict]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _read_parquet(path: str) -> list[dict]:
+  try:
+    import pyarrow.parquet as pq
+  except ImportError:
+    raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from None
+  return pq.read_table(path).to_pylist()
+
+
+def _hub_file(split: str) -> str:
+  try:
+    import huggingface_hub
+    return huggingface_hub.hf_hub_download(
+        HUB_ID, f"main/{split}-00000-of-00001.parquet", repo_type="dataset")
+  except Exception as e:
+    raise OSError(f"could not fetch GSM8K ({HUB_ID}, {split}) from the Hugging Face hub "
+                  f"({type(e).__name__}: {e}); pass a local path (a directory with "
+                  f"{split}.jsonl, or a .jsonl/.parquet file)") from None
+
+
+def load(split: str, path: str | None = None, limit: int | None = None) -> list[Problem]:
+  """GSM8K `split` ("train" / "test") from the hub, or from a local path.
+
+  `path` may be a directory holding `{split}.jsonl` (or `.parquet`), or a file.
+  """
+  if path is None:
+    file = _hub_file(split)
+  elif os.path.isdir(path):
+    candidates = [os.path.join(path, f"{split}{ext}") for ext in (".jsonl", ".parquet")]
+    file = next((c for c in candidates if os.path.exists(c)), None)
+    if file is None:
+      raise FileNotFoundError(f"{path}: no {split}.jsonl or {split}.parquet")
+  elif os.path.exists(path):
+    file = path
+  else:
+    raise FileNotFoundError(f"GSM8K path {path!r} does not exist")
+  rows = _read_parquet(file) if file.endswith(".parquet") else _read_jsonl(file)
+  if limit is not None:
+    rows = rows[:limit]
+  problems = []
+  for i, row in enumerate(rows):
+    if "question" not in row or "answer" not in row:
+      raise ValueError(f"{file}: row {i} lacks 'question'/'answer' (keys: {sorted(row)})")
+    problems.append(Problem(i, row["question"], row["answer"], gold_answer(row["answer"])))
+  return problems

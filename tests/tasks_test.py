@@ -1,0 +1,71 @@
+"""GSM8K answer extraction, reward, loading, and the offline arithmetic task."""
+import os
+
+import pytest
+
+from tba_jax.tasks import arithmetic, gsm8k
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+
+
+@pytest.mark.parametrize("text,want", [
+    ("The answer is 1,234.", 1234.0),
+    ("She has -5 apples, then 12.50 dollars", 12.5),
+    ("first 3 then 4 then 72", 72.0),
+    ("costs $1,000,000 in total", 1e6),
+    ("ratio .5", 0.5),
+    ("no number here", None),
+    ("", None),
+    ("negative result: -17", -17.0),
+])
+def test_extract_answer_takes_the_last_number_without_commas(text, want):
+  assert gsm8k.extract_answer(text) == want
+
+
+def test_gold_answer_is_the_number_after_hashes():
+  assert gsm8k.gold_answer("48/2 = <<48/2=24>>24\n#### 72") == 72.0
+  assert gsm8k.gold_answer("... #### 1,080") == 1080.0
+  with pytest.raises(ValueError, match="no '####'"):
+    gsm8k.gold_answer("just 5")
+
+
+def test_reward_compares_as_floats():
+  assert gsm8k.reward("so she has 72.0 clips", 72.0) == 1.0
+  assert gsm8k.reward("72 clips, wait, 73", 72.0) == 0.0
+  assert gsm8k.reward("I don't know", 72.0) == 0.0
+  assert gsm8k.reward("The total is 1,080", 1080.0) == 1.0
+
+
+def test_load_local_jsonl_directory_and_file(tmp_path):
+  problems = gsm8k.load("test", DATA + "/gsm8k_test.jsonl")
+  assert len(problems) == 20 and problems[0].id == 0
+  assert problems[0].question.startswith("Janet")
+  assert problems[0].gold == 18.0
+  assert gsm8k.load("test", DATA + "/gsm8k_test.jsonl", limit=3)[2] == problems[2]
+  (tmp_path / "test.jsonl").write_text(open(DATA + "/gsm8k_test.jsonl").read())
+  assert gsm8k.load("test", str(tmp_path)) == problems
+  with pytest.raises(FileNotFoundError, match="no train.jsonl"):
+    gsm8k.load("train", str(tmp_path))
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    gsm8k.load("test", "/nonexistent/gsm8k.jsonl")
+
+
+def test_paper_prompt_format():
+  assert gsm8k.make_prompt("2+2?", "paper") == "[MATH TASK] Problem:\n2+2?\n\nSolution:\n"
+  with pytest.raises(ValueError, match="unknown prompt style"):
+    gsm8k.make_prompt("q", "fancy")
+
+
+def test_arithmetic_task_is_seeded_disjoint_and_answer_formatted():
+  train, test = arithmetic.make_problems("+*", 2, 9, seed=0, test_fraction=0.25)
+  assert len(train) + len(test) == 2 * 64 and len(test) == 32
+  assert not {p.question for p in train} & {p.question for p in test}
+  again, _ = arithmetic.make_problems("+*", 2, 9, seed=0, test_fraction=0.25)
+  assert again == train
+  for p in train + test:
+    a, op, b = p.question.removeprefix("What is ").removesuffix("?").split()
+    assert p.gold == (int(a) * int(b) if op == "*" else int(a) + int(b))
+    assert gsm8k.gold_answer(p.answer) == p.gold
+    assert gsm8k.reward(f"The answer is {int(p.gold)}.", p.gold) == 1.0
+  with pytest.raises(ValueError, match="ops"):
+    arithmetic.make_problems("/", 2, 9, seed=0, test_fraction=0.25)
