@@ -1,0 +1,525 @@
+"""Host-side replay buffer: per-prompt entries, the m rule, save/restore, merging.
+
+  buf = ReplayBuffer(max_per_prompt=100, max_entries=None, eviction="oldest", seed=0)
+  buf.add(entry) / buf.add_many(entries)       # searchers or merges; thread-safe
+  buf.mark_sync()                               # trainer, once per weight sync
+  batch, info = buf.sample(P, K, m, max_prompt_len=Tp, max_completion_len=Tc, pad_id=pad)
+  arrays = pack(local.drain_new(), max_prompt_len=Tp, max_completion_len=Tc)
+  global_buf.add_many(unpack(arrays))           # same entries, same order -> same buffer
+  global_buf.load_state_dict(old.state_dict())  # exact, including the RNG
+
+Sync windows. `mark_sync()` closes a window: the prompts that received at least
+one entry since the previous `mark_sync()` (or since construction) become the
+"latest" prompts, replacing the previous set, and every latest prompt becomes
+available again to the m branch. The trainer calls it right after merging the
+searchers' new entries at each weight sync (and once after pre-filling), so
+"latest" means "refreshed at the latest sync". Between syncs the m branch takes
+latest prompts without replacement, across slots AND across `sample` calls; once
+none is left, a slot that picked the m branch falls back to the any-prompt
+branch (counted in info["num_latest_fallback"]), because replaying the same K
+newest entries again would add no new on-policy information.
+
+Staleness enters here: every entry keeps the policy version that sampled it,
+and `sample` returns those versions per row; the loop turns them into metrics.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import json
+import threading
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from tba_jax.train_step import TrainBatch
+
+EVICTION_POLICIES = ("oldest", "lowest_reward")
+# The variable-length arrays of state_dict, in the order of its `sizes` array.
+_STATE_ARRAYS = ("seqs", "prompt_ids", "lengths", "completions", "rewards", "ref_logprobs",
+                 "behaviour_logprobs", "versions", "searcher_ids", "ended_with_eos",
+                 "prompt_table_ids", "prompt_table_lens", "prompt_table_tokens", "pending",
+                 "latest", "latest_left")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Entry:
+  """One scored completion; arrays are 1-D and unpadded (length = completion size)."""
+  prompt_id: int
+  prompt: np.ndarray              # [Lp] int32, shared by all entries of the prompt
+  completion: np.ndarray          # [L] int32, the EOS token included when ended_with_eos
+  reward: float
+  ref_logprobs: np.ndarray        # [L] float32 per-token reference log-probs (tempered)
+  behaviour_logprobs: np.ndarray  # [L] float32 per-token log-probs of the sampling policy
+  version: int                    # policy version (trainer step of the weights) that sampled it
+  searcher_id: int = 0
+  ended_with_eos: bool = False    # False: truncated at the max length, no EOS
+
+  @property
+  def length(self) -> int:
+    return int(self.completion.shape[0])
+
+  @property
+  def ref_logprob_sum(self) -> float:
+    """log pi_ref(y|x) over all completion tokens (EOS included)."""
+    return float(np.sum(self.ref_logprobs, dtype=np.float64))
+
+
+def _frozen(x, dtype) -> np.ndarray:
+  # A private read-only copy: a caller reusing its arrays cannot corrupt stored entries,
+  # and sampled batches can reference entries outside the lock.
+  a = np.array(x, dtype=dtype).reshape(-1)
+  a.flags.writeable = False
+  return a
+
+
+def _normalized(e: Entry) -> Entry:
+  completion = _frozen(e.completion, np.int32)
+  ref, beh = _frozen(e.ref_logprobs, np.float32), _frozen(e.behaviour_logprobs, np.float32)
+  if ref.shape != completion.shape or beh.shape != completion.shape:
+    raise ValueError(f"prompt id {e.prompt_id}: {completion.size} completion tokens but "
+                     f"{ref.size} reference and {beh.size} behaviour log-probs")
+  if e.ended_with_eos and completion.size == 0:
+    raise ValueError(f"prompt id {e.prompt_id}: ended_with_eos with an empty completion")
+  if not np.isfinite(e.reward):
+    raise ValueError(f"prompt id {e.prompt_id}: non-finite reward {e.reward}")
+  # Rewards are rounded to float32 on entry so pack/unpack (32-bit, which survives a JAX
+  # all-gather without x64) is lossless and every host holds bit-identical buffers.
+  return Entry(int(e.prompt_id), _frozen(e.prompt, np.int32), completion,
+               float(np.float32(e.reward)), ref, beh, int(e.version), int(e.searcher_id),
+               bool(e.ended_with_eos))
+
+
+def _check_fits(entries: Iterable[Entry], max_prompt_len: int, max_completion_len: int):
+  for e in entries:
+    if e.prompt.size > max_prompt_len:
+      raise ValueError(f"prompt id {e.prompt_id}: prompt has {e.prompt.size} tokens, more than "
+                       f"max_prompt_len={max_prompt_len}")
+    if e.length > max_completion_len:
+      raise ValueError(f"prompt id {e.prompt_id}: completion has {e.length} tokens, more than "
+                       f"max_completion_len={max_completion_len}")
+
+
+def entry_probs(rewards: np.ndarray, tau: float, reward_weight: float) -> np.ndarray:
+  """reward_weight * softmax(rewards / tau) + (1 - reward_weight) * uniform."""
+  z = np.asarray(rewards, np.float64) / tau
+  soft = np.exp(z - z.max())
+  return reward_weight * soft / soft.sum() + (1.0 - reward_weight) / len(z)
+
+
+def _draw(p: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray, bool]:
+  """k indices by weights p; with replacement only when there are fewer than k."""
+  n = len(p)
+  if n >= k:
+    # Gumbel top-k: the k largest log p_i + Gumbel_i are a draw without replacement in which
+    # each pick is proportional to p among the entries not yet picked (the law of
+    # rng.choice(replace=False, p=p)); unlike rng.choice it tolerates weights that underflowed.
+    with np.errstate(divide="ignore"):
+      keys = np.log(p) + rng.gumbel(size=n)
+    return np.argsort(-keys, kind="stable")[:k], False
+  # Every unique entry once, the shortfall with replacement, so a small group stays diverse.
+  return np.concatenate([np.arange(n), rng.choice(n, size=k - n, p=p)]), True
+
+
+class ReplayBuffer:
+  """Thread-safe per-prompt buffer (one lock around every public method).
+
+  Entries carry an insertion counter (`seq`, strictly increasing, never reused):
+  "newest" and "oldest" always mean by seq. A re-added completion (same prompt,
+  same tokens) replaces the old entry and gets a new seq. `eviction` applies
+  when `max_entries` is set: "oldest" evicts the smallest seq; "lowest_reward"
+  the smallest reward, ties broken by the smallest seq (the oldest goes first).
+  A prompt whose last entry is evicted is forgotten (tokens, latest status).
+  """
+
+  def __init__(self, max_per_prompt: int = 100, max_entries: int | None = None,
+               eviction: str = "oldest", seed: int = 0):
+    if max_per_prompt < 1 or (max_entries is not None and max_entries < 1):
+      raise ValueError(f"caps must be >= 1: max_per_prompt={max_per_prompt}, "
+                       f"max_entries={max_entries}")
+    if eviction not in EVICTION_POLICIES:
+      raise ValueError(f"eviction={eviction!r}, expected one of {EVICTION_POLICIES}")
+    self.max_per_prompt, self.max_entries, self.eviction = max_per_prompt, max_entries, eviction
+    self._lock = threading.Lock()
+    # The buffer owns its RNG so a checkpoint of the buffer alone reproduces future batches,
+    # and hosts holding identical buffers sample identical global batches.
+    self._rng = np.random.default_rng(seed)
+    self._clear()
+
+  def _clear(self):
+    self._prompts: dict[int, np.ndarray] = {}
+    # prompt id -> completion bytes -> (seq, entry), in seq order (a replace moves to the end).
+    self._entries: dict[int, collections.OrderedDict[bytes, tuple[int, Entry]]] = {}
+    # seq -> (prompt id, completion bytes) for every live entry, in seq order: oldest first
+    # for eviction, newest last for drain_new.
+    self._by_seq: collections.OrderedDict[int, tuple[int, bytes]] = collections.OrderedDict()
+    self._heap: list[tuple[float, int, int, bytes]] = []  # lowest_reward only; lazily pruned
+    self._next_seq = 0
+    self._drain_from = 0            # drain_new returns live entries with seq >= this
+    self._pending: set[int] = set()  # prompts refreshed since the last mark_sync
+    self._latest: list[int] = []     # prompts refreshed at the latest sync (sorted)
+    self._latest_left: list[int] = []  # those not yet taken by the m branch (sorted)
+    self._num_syncs = self._num_added = self._num_replaced = self._num_evicted = 0
+    self._reward_sum, self._length_sum, self._version_sum = 0.0, 0, 0
+
+  # ---------------------------------------------------------------------------
+  # Insertion and eviction
+  # ---------------------------------------------------------------------------
+  def add(self, entry: Entry) -> None:
+    self.add_many([entry])
+
+  def add_many(self, entries: Iterable[Entry]) -> None:
+    """Adds in order, atomically with respect to sample/drain/state_dict."""
+    entries = [_normalized(e) for e in entries]  # validate and copy outside the lock
+    with self._lock:
+      for e in entries:
+        self._add_locked(e)
+
+  def _add_locked(self, e: Entry) -> None:
+    pid = e.prompt_id
+    stored = self._prompts.get(pid)
+    if stored is None:
+      self._prompts[pid] = e.prompt
+    elif not np.array_equal(stored, e.prompt):
+      raise ValueError(f"prompt id {pid}: prompt tokens differ from the ones already stored")
+    else:
+      e = dataclasses.replace(e, prompt=stored)  # one copy of the prompt per prompt id
+    per = self._entries.setdefault(pid, collections.OrderedDict())
+    key, seq = e.completion.tobytes(), self._next_seq
+    self._next_seq += 1
+    old = per.pop(key, None)
+    if old is not None:  # same completion again: the newer sample (version, reward) wins
+      self._forget_entry(old[0], old[1])
+      self._num_replaced += 1
+    per[key] = (seq, e)
+    self._by_seq[seq] = (pid, key)
+    self._reward_sum += e.reward
+    self._length_sum += e.length
+    self._version_sum += e.version
+    if self.max_entries is not None and self.eviction == "lowest_reward":
+      heapq.heappush(self._heap, (e.reward, seq, pid, key))
+    self._pending.add(pid)
+    self._num_added += 1
+    while len(per) > self.max_per_prompt:
+      self._evict(pid, next(iter(per)))
+    if self.max_entries is not None:
+      while len(self._by_seq) > self.max_entries:
+        self._evict(*self._global_victim())
+
+  def _forget_entry(self, seq: int, e: Entry) -> None:
+    del self._by_seq[seq]
+    self._reward_sum -= e.reward
+    self._length_sum -= e.length
+    self._version_sum -= e.version
+
+  def _evict(self, pid: int, key: bytes) -> None:
+    per = self._entries[pid]
+    self._forget_entry(*per.pop(key))
+    self._num_evicted += 1
+    if not per:
+      del self._entries[pid], self._prompts[pid]
+      self._pending.discard(pid)
+      if pid in self._latest_left:
+        self._latest_left.remove(pid)
+
+  def _global_victim(self) -> tuple[int, bytes]:
+    if self.eviction == "oldest":
+      return self._by_seq[next(iter(self._by_seq))]
+    if len(self._heap) > 2 * len(self._by_seq) + 1024:  # drop stale items now and then
+      self._heap = [h for h in self._heap if h[1] in self._by_seq]
+      heapq.heapify(self._heap)
+    while True:  # (reward, seq) keys are unique, so the pop order is deterministic
+      _, seq, pid, key = heapq.heappop(self._heap)
+      if seq in self._by_seq:  # not replaced or evicted since it was pushed
+        return pid, key
+
+  # ---------------------------------------------------------------------------
+  # Sync windows and merging
+  # ---------------------------------------------------------------------------
+  def mark_sync(self) -> int:
+    """Closes the sync window (module docstring); returns the number of latest prompts."""
+    with self._lock:
+      self._latest = sorted(self._pending)
+      self._latest_left = list(self._latest)
+      self._pending.clear()
+      self._num_syncs += 1
+      return len(self._latest)
+
+  def drain_new(self) -> list[Entry]:
+    """Entries added since the previous drain that are still held, oldest first.
+
+    For a searcher's local buffer feeding the global one; an entry replaced or
+    evicted locally before the drain is not shipped (its successor is).
+    """
+    with self._lock:
+      new = []
+      for seq in reversed(self._by_seq):
+        if seq < self._drain_from:
+          break
+        pid, key = self._by_seq[seq]
+        new.append(self._entries[pid][key][1])
+      self._drain_from = self._next_seq
+      return new[::-1]
+
+  def entries(self, prompt_id: int | None = None) -> list[Entry]:
+    """Live entries (of one prompt, or all), oldest first."""
+    with self._lock:
+      if prompt_id is not None:
+        return [e for _, e in self._entries.get(prompt_id, {}).values()]
+      return [self._entries[p][k][1] for p, k in self._by_seq.values()]
+
+  def __len__(self) -> int:
+    with self._lock:
+      return len(self._by_seq)
+
+  def stats(self) -> dict[str, float]:
+    """Scalars for metrics; O(1)."""
+    with self._lock:
+      n = len(self._by_seq)
+      mean = lambda s: s / n if n else float("nan")
+      return {"num_prompts": len(self._entries), "num_entries": n,
+              "mean_reward": mean(self._reward_sum), "mean_length": mean(self._length_sum),
+              "mean_version": mean(self._version_sum), "num_latest": len(self._latest),
+              "num_latest_left": len(self._latest_left), "num_pending": len(self._pending),
+              "num_syncs": self._num_syncs, "num_added": self._num_added,
+              "num_replaced": self._num_replaced, "num_evicted": self._num_evicted}
+
+  # ---------------------------------------------------------------------------
+  # Sampling: the m rule
+  # ---------------------------------------------------------------------------
+  def sample(self, num_prompts: int, samples_per_prompt: int, m: float,
+             rng: np.random.Generator | None = None, *, max_prompt_len: int,
+             max_completion_len: int, pad_id: int, include_eos: bool = True,
+             reward_tau: float = 1.0, reward_weight: float = 0.0) -> tuple[TrainBatch, dict]:
+    """A [P x K] TrainBatch (P = num_prompts slots, K = samples_per_prompt) and info.
+
+    Each slot independently takes the m branch with probability m: a latest
+    prompt not yet taken in this sync window and its K newest entries. Otherwise
+    (or when no latest prompt is left) the any-prompt branch: a uniformly chosen
+    prompt not already in this batch (any prompt once all are in it) and K
+    entries drawn by `entry_probs(rewards, reward_tau, reward_weight)`. Either
+    branch draws without replacement unless the prompt has fewer than K entries.
+    `rng` defaults to the buffer's own generator (saved with the buffer). A
+    failed call (e.g. an entry too long) leaves the buffer and the RNG untouched.
+
+    info: prompt_ids [P], from_latest [P] bool, with_replacement [P] bool,
+    entry_seqs / versions / searcher_ids [N], num_from_latest,
+    num_latest_fallback (m-branch slots served by the any-prompt branch),
+    num_latest_left (after this call), sync_index (mark_sync calls so far).
+    """
+    if not 0.0 <= m <= 1.0 or not 0.0 <= reward_weight <= 1.0 or reward_tau <= 0:
+      raise ValueError(f"need 0 <= m <= 1, 0 <= reward_weight <= 1, reward_tau > 0; got "
+                       f"m={m}, reward_weight={reward_weight}, reward_tau={reward_tau}")
+    if num_prompts < 1 or samples_per_prompt < 1:
+      raise ValueError(f"num_prompts={num_prompts}, samples_per_prompt={samples_per_prompt}")
+    k = samples_per_prompt
+    with self._lock:
+      if not self._by_seq:
+        raise ValueError("cannot sample from an empty replay buffer (pre-fill it first)")
+      rng = self._rng if rng is None else rng
+      rng_state = rng.bit_generator.state
+      latest_left = list(self._latest_left)
+      try:
+        slots, fallback = self._select(num_prompts, k, m, rng, latest_left, reward_tau,
+                                       reward_weight)
+        _check_fits((e for s in slots for _, e in s[3]), max_prompt_len, max_completion_len)
+      except BaseException:
+        rng.bit_generator.state = rng_state
+        raise
+      self._latest_left = latest_left
+      info = {"num_latest_left": len(latest_left), "sync_index": self._num_syncs}
+    # Entries are immutable, so the arrays are built outside the lock.
+    rows = [item for s in slots for item in s[3]]
+    batch = _layout([e for _, e in rows], max_prompt_len, max_completion_len, pad_id, include_eos)
+    from_latest = np.array([s[1] for s in slots], bool)
+    info.update(prompt_ids=np.array([s[0] for s in slots], np.int64), from_latest=from_latest,
+                with_replacement=np.array([s[2] for s in slots], bool),
+                entry_seqs=np.array([seq for seq, _ in rows], np.int64),
+                versions=batch.versions.copy(),
+                searcher_ids=np.array([e.searcher_id for _, e in rows], np.int32),
+                num_from_latest=int(from_latest.sum()), num_latest_fallback=fallback)
+    return batch, info
+
+  def _select(self, num_prompts, k, m, rng, latest_left, tau, weight):
+    """Per slot (prompt id, from_latest, with_replacement, [(seq, entry)] * K)."""
+    slots: list = [None] * num_prompts
+    wants_latest = rng.random(num_prompts) < m  # one Bernoulli(m) per slot
+    fallback, in_batch = 0, set()
+    for i in np.flatnonzero(wants_latest):
+      if not latest_left:
+        fallback += 1
+        continue
+      pid = latest_left.pop(int(rng.integers(len(latest_left))))
+      items = list(self._entries[pid].values())[-k:]  # the K newest, oldest first
+      extra = rng.integers(len(items), size=k - len(items))  # only when fewer than K exist
+      slots[i] = (pid, True, len(items) < k, items + [items[j] for j in extra])
+      in_batch.add(pid)
+    everyone = sorted(self._entries)
+    # Distinct prompts per batch while possible: the loss groups rows by prompt id, so a
+    # repeated prompt would silently merge two groups into one of 2K.
+    others = [p for p in everyone if p not in in_batch]
+    for i in range(num_prompts):
+      if slots[i] is not None:
+        continue
+      if others:
+        pid = others.pop(int(rng.integers(len(others))))
+      else:
+        pid = everyone[int(rng.integers(len(everyone)))]
+      items = list(self._entries[pid].values())
+      p = entry_probs(np.array([e.reward for _, e in items]), tau, weight)
+      idx, replaced = _draw(p, k, rng)
+      slots[i] = (pid, False, replaced, [items[j] for j in idx])
+    return slots, fallback
+
+  # ---------------------------------------------------------------------------
+  # Save / restore (every value a non-empty numpy array, as orbax needs)
+  # ---------------------------------------------------------------------------
+  def state_dict(self) -> dict[str, np.ndarray]:
+    """The full state; `load_state_dict` on a buffer with the same caps restores it exactly."""
+    with self._lock:
+      seqs = list(self._by_seq)
+      es = [self._entries[p][k][1] for p, k in self._by_seq.values()]
+      pids = sorted(self._prompts)
+      arrays = {
+          "seqs": (seqs, np.int64), "prompt_ids": ([e.prompt_id for e in es], np.int64),
+          "lengths": ([e.length for e in es], np.int64),
+          "completions": (_cat([e.completion for e in es]), np.int32),
+          "rewards": ([e.reward for e in es], np.float32),
+          "ref_logprobs": (_cat([e.ref_logprobs for e in es]), np.float32),
+          "behaviour_logprobs": (_cat([e.behaviour_logprobs for e in es]), np.float32),
+          "versions": ([e.version for e in es], np.int64),
+          "searcher_ids": ([e.searcher_id for e in es], np.int64),
+          "ended_with_eos": ([e.ended_with_eos for e in es], np.int64),
+          "prompt_table_ids": (pids, np.int64),
+          "prompt_table_lens": ([self._prompts[p].size for p in pids], np.int64),
+          "prompt_table_tokens": (_cat([self._prompts[p] for p in pids]), np.int32),
+          "pending": (sorted(self._pending), np.int64), "latest": (self._latest, np.int64),
+          "latest_left": (self._latest_left, np.int64)}
+      # Orbax refuses zero-size arrays, so each variable-length array carries one trailing
+      # dummy element and its true size is recorded in `sizes`.
+      assert tuple(arrays) == _STATE_ARRAYS
+      state = {"sizes": np.array([len(v) for v, _ in arrays.values()], np.int64)}
+      state.update({name: np.append(np.asarray(v, dt), np.zeros(1, dt))
+                    for name, (v, dt) in arrays.items()})
+      state["counters"] = np.array([self._next_seq, self._drain_from, self._num_syncs,
+                                    self._num_added, self._num_replaced, self._num_evicted],
+                                   np.int64)
+      state["rng_state"] = np.frombuffer(
+          json.dumps(self._rng.bit_generator.state).encode(), np.uint8).copy()
+      return state
+
+  def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+    # By name, in state_dict's order: a restored dict may come back with its keys sorted.
+    s = {n: np.asarray(state[n])[:int(size)] for n, size in zip(_STATE_ARRAYS, state["sizes"])}
+    with self._lock:
+      self._clear()
+      off = np.concatenate([[0], np.cumsum(s["prompt_table_lens"])])
+      for i, pid in enumerate(s["prompt_table_ids"]):
+        self._prompts[int(pid)] = _frozen(s["prompt_table_tokens"][off[i]:off[i + 1]], np.int32)
+      off = np.concatenate([[0], np.cumsum(s["lengths"])])
+      for i, seq in enumerate(s["seqs"]):
+        pid, sl = int(s["prompt_ids"][i]), slice(off[i], off[i + 1])
+        e = Entry(pid, self._prompts[pid], _frozen(s["completions"][sl], np.int32),
+                  float(s["rewards"][i]), _frozen(s["ref_logprobs"][sl], np.float32),
+                  _frozen(s["behaviour_logprobs"][sl], np.float32), int(s["versions"][i]),
+                  int(s["searcher_ids"][i]), bool(s["ended_with_eos"][i]))
+        key, seq = e.completion.tobytes(), int(seq)
+        self._entries.setdefault(pid, collections.OrderedDict())[key] = (seq, e)
+        self._by_seq[seq] = (pid, key)
+        self._reward_sum += e.reward
+        self._length_sum += e.length
+        self._version_sum += e.version
+        if self.max_entries is not None and self.eviction == "lowest_reward":
+          self._heap.append((e.reward, seq, pid, key))
+      heapq.heapify(self._heap)
+      self._pending = set(s["pending"].tolist())
+      self._latest, self._latest_left = s["latest"].tolist(), s["latest_left"].tolist()
+      (self._next_seq, self._drain_from, self._num_syncs, self._num_added, self._num_replaced,
+       self._num_evicted) = np.asarray(state["counters"]).tolist()
+      self._rng.bit_generator.state = json.loads(np.asarray(state["rng_state"]).tobytes())
+
+
+def _cat(arrays: Sequence[np.ndarray]) -> np.ndarray:
+  return np.concatenate(arrays) if arrays else np.zeros(0)
+
+
+def _layout(entries: Sequence[Entry], tp: int, tc: int, pad_id: int,
+            include_eos: bool) -> TrainBatch:
+  """Rows in slot order (rows of a slot contiguous): prompt right-aligned in [0, Tp),
+  completion from column Tp, so every completion starts at the same column."""
+  n = len(entries)
+  tokens = np.full((n, tp + tc), pad_id, np.int32)
+  attention = np.zeros((n, tp + tc), np.int32)
+  counted = np.zeros((n, tc), np.float32)
+  ref, beh = np.zeros((n, tc), np.float32), np.zeros((n, tc), np.float32)
+  for r, e in enumerate(entries):
+    lp, length = e.prompt.size, e.length
+    tokens[r, tp - lp:tp], tokens[r, tp:tp + length] = e.prompt, e.completion
+    attention[r, tp - lp:tp + length] = 1  # the EOS token is attended to in either case
+    # include_eos=False drops the EOS token's own log-prob (the authors' pad == eos case);
+    # a truncated sample has no EOS, so all its tokens count.
+    c = length - 1 if e.ended_with_eos and not include_eos else length
+    counted[r, :c] = 1.0
+    # Log-probs are zero wherever completion_mask is 0, so a plain sum over Tc is exactly
+    # the log pi the loss counts.
+    ref[r, :c], beh[r, :c] = e.ref_logprobs[:c], e.behaviour_logprobs[:c]
+  return TrainBatch(
+      tokens=tokens, attention_mask=attention, completion_mask=counted, ref_logprobs=ref,
+      behaviour_logprobs=beh, rewards=np.array([e.reward for e in entries], np.float32),
+      group_ids=np.array([e.prompt_id for e in entries], np.int32),
+      versions=np.array([e.version for e in entries], np.int32))
+
+
+# -----------------------------------------------------------------------------
+# Crossing hosts: fixed-width 32-bit arrays (a JAX all-gather keeps them exact)
+# -----------------------------------------------------------------------------
+def pack(entries: Sequence[Entry], *, max_prompt_len: int, max_completion_len: int,
+         num_rows: int | None = None) -> dict[str, np.ndarray]:
+  """Entries as arrays of `num_rows` rows (default len(entries)), zero padded.
+
+  For a padded, size-first all-gather: gather the counts, pack every host's
+  entries to the largest count, gather, then `unpack` each host's slice in
+  process order. `count` (a 0-d array) says how many rows are real.
+  """
+  n = len(entries)
+  rows = n if num_rows is None else num_rows
+  if rows < n:
+    raise ValueError(f"num_rows={rows} < {n} entries")
+  _check_fits(entries, max_prompt_len, max_completion_len)
+  out = {"count": np.array(n, np.int32)}
+  for name in ("prompt_ids", "prompt_lens", "lengths", "versions", "searcher_ids",
+               "ended_with_eos"):
+    out[name] = np.zeros(rows, np.int32)
+  out["rewards"] = np.zeros(rows, np.float32)
+  out["prompts"] = np.zeros((rows, max_prompt_len), np.int32)
+  out["completions"] = np.zeros((rows, max_completion_len), np.int32)
+  out["ref_logprobs"] = np.zeros((rows, max_completion_len), np.float32)
+  out["behaviour_logprobs"] = np.zeros((rows, max_completion_len), np.float32)
+  for i, e in enumerate(entries):
+    out["prompt_ids"][i], out["prompt_lens"][i], out["lengths"][i] = (
+        e.prompt_id, e.prompt.size, e.length)
+    out["versions"][i], out["searcher_ids"][i], out["ended_with_eos"][i] = (
+        e.version, e.searcher_id, e.ended_with_eos)
+    out["rewards"][i] = e.reward
+    out["prompts"][i, :e.prompt.size] = e.prompt
+    out["completions"][i, :e.length] = e.completion
+    out["ref_logprobs"][i, :e.length] = e.ref_logprobs
+    out["behaviour_logprobs"][i, :e.length] = e.behaviour_logprobs
+  return out
+
+
+def unpack(arrays: dict[str, np.ndarray]) -> list[Entry]:
+  """The first `count` rows of a `pack` layout back to entries (copies)."""
+  a = {k: np.asarray(v) for k, v in arrays.items()}
+  out = []
+  for i in range(int(a["count"])):
+    length = int(a["lengths"][i])
+    out.append(Entry(
+        prompt_id=int(a["prompt_ids"][i]), prompt=a["prompts"][i, :a["prompt_lens"][i]].copy(),
+        completion=a["completions"][i, :length].copy(), reward=float(a["rewards"][i]),
+        ref_logprobs=a["ref_logprobs"][i, :length].copy(),
+        behaviour_logprobs=a["behaviour_logprobs"][i, :length].copy(),
+        version=int(a["versions"][i]), searcher_id=int(a["searcher_ids"][i]),
+        ended_with_eos=bool(a["ended_with_eos"][i])))
+  return out
