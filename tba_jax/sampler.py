@@ -1,0 +1,339 @@
+"""KV-cache sampling: prefill a left-padded prompt batch, then decode in a while_loop.
+
+Two layers:
+  core   `prefill` / `decode` over a `SamplingState`. They know the model only
+         through a logits function
+             logits_fn(params, tokens [B,T], positions [B,T], token_mask [B,T], cache)
+               -> (float32 logits [B,V] of the LAST position, cache)
+         and treat the cache as an opaque pytree, so their tests can use a fake
+         model. One decode iteration feeds the last sampled token and samples
+         the next; the loop stops after `max_new_tokens` tokens or as soon as
+         every row has emitted an EOS id.
+  shell  `Sampler` (buckets, mesh placement, one compiled prefill + decode per
+         (batch bucket, prompt bucket)) and `generate`, a one-call wrapper.
+
+Randomness is drawn per row from fold_in(fold_in(key, row id), step), so a row's
+tokens depend on (seed, its index in `prompts`, step) only: not on the batch
+bucket, the padding rows or how the batch is sharded over devices.
+
+Axis legend: B batch, T prompt length (bucketed), S cache slots, V vocab,
+N max_new_tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tba_jax import model as model_lib
+from tba_jax import sharding
+from tba_jax.model import ModelConfig, Params
+
+LogitsFn = Callable[..., tuple[jax.Array, Any]]
+
+DEFAULT_PROMPT_BUCKETS = tuple(2 ** i for i in range(4, 14))  # 16 .. 8192 tokens
+DEFAULT_BATCH_BUCKETS = tuple(2 ** i for i in range(0, 11))  # 1 .. 1024 rows
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingOptions:
+  """How to pick tokens (hashable: a static argument of the jitted programs)."""
+  max_new_tokens: int
+  temperature: float = 1.0
+  top_k: int = 0  # 0: no top-k truncation
+  top_p: float = 1.0  # 1.0: no nucleus truncation
+  greedy: bool = False  # argmax; temperature / top_k / top_p are then ignored
+  eos_ids: tuple[int, ...] = ()  # a row stops after emitting any of these
+  pad_id: int = 0  # written after a row's EOS
+
+  def __post_init__(self):
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+    if not self.greedy and not self.temperature > 0:
+      raise ValueError(f"temperature={self.temperature} must be > 0 (use greedy=True for argmax)")
+    if self.top_k < 0:
+      raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables it)")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SamplingState:
+  """The while_loop carry. Row b's next input is `last_token[b]` at `position[b]`."""
+  step: jax.Array  # int32 scalar: tokens sampled so far (column of the next one)
+  tokens: jax.Array  # [B,N] int32, pad_id after EOS and in unsampled columns
+  logprobs: jax.Array  # [B,N] float32, under the truncated distribution
+  tempered_logprobs: jax.Array  # [B,N] float32, log_softmax(logits / T)
+  lengths: jax.Array  # [B] int32: tokens emitted, EOS included
+  done: jax.Array  # [B] bool: emitted EOS (or a padding row of the bucket)
+  last_token: jax.Array  # [B] int32
+  position: jax.Array  # [B] int32: position id of last_token
+  row_keys: jax.Array  # [B] typed PRNG keys, one stream per row
+  cache: Any  # the model's cache pytree, threaded through opaquely
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollouts:
+  """Completions, one row per prompt in input order (host numpy arrays).
+
+  tokens             [B, max_new_tokens] int32: sampled ids; pad_id after EOS.
+  logprobs           [B, max_new_tokens] float32: log-prob of each sampled token
+                     under the distribution it was actually drawn from, i.e.
+                     log_softmax(logits / T) restricted to the top-k / top-p
+                     kept set and renormalised over it. Without truncation it
+                     equals tempered_logprobs. 0 on padding.
+  tempered_logprobs  [B, max_new_tokens] float32: log_softmax(logits / T) of the
+                     sampled token, never truncated (what the TB loss uses). 0 on
+                     padding.
+  lengths            [B] int32: tokens generated per row, EOS included.
+  num_decode_steps   tokens sampled per row before the loop ended (the prefill's
+                     token plus one per while_loop iteration): max_new_tokens,
+                     or less when every row stopped early (= max(lengths) then).
+  Greedy decoding takes the argmax; both log-prob fields are then
+  log_softmax(logits) at temperature 1 (the point mass actually "sampled from"
+  would give an uninformative 0).
+  """
+  tokens: np.ndarray
+  logprobs: np.ndarray
+  tempered_logprobs: np.ndarray
+  lengths: np.ndarray
+  num_decode_steps: int
+
+
+# ---------------------------------------------------------------------------
+# Core: token choice, prefill, decode loop.
+# ---------------------------------------------------------------------------
+def _truncate(scaled: jax.Array, top_k: int, top_p: float) -> jax.Array:
+  """scaled [B,V] with -inf outside the top-k / top-p kept set (top-k first).
+
+  Ties at the threshold are all kept. Nucleus: in descending order a token is
+  kept while the probability mass strictly before it is < top_p, so the top
+  token always survives (transformers' rule).
+  """
+  v = scaled.shape[-1]
+  if top_k and top_k < v:
+    # lax.top_k returns its values sorted descending: the nucleus needs no
+    # full-vocab sort then.
+    ranked = jax.lax.top_k(scaled, top_k)[0]
+  elif top_p < 1.0:
+    ranked = -jnp.sort(-scaled, axis=-1)  # the one full-vocab sort, only for top-p alone
+  else:
+    return scaled
+  if top_p < 1.0:
+    probs = jax.nn.softmax(ranked, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    ranked = jnp.where(mass_before < top_p, ranked, jnp.inf)
+  threshold = jnp.min(ranked, axis=-1, keepdims=True)
+  return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+
+
+def _log_prob_of(x: jax.Array, token: jax.Array) -> jax.Array:
+  """log_softmax(x)[b, token[b]] without materialising a [B,V] log_softmax."""
+  picked = jnp.take_along_axis(x, token[:, None], axis=-1)[:, 0]
+  return picked - jax.nn.logsumexp(x, axis=-1)
+
+
+def choose_tokens(logits: jax.Array, keys: jax.Array, options: SamplingOptions):
+  """(token [B] int32, logprob [B], tempered_logprob [B]) from float32 logits [B,V]."""
+  if options.greedy:
+    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logprob = _log_prob_of(logits, token)
+    return token, logprob, logprob
+  scaled = logits / options.temperature
+  kept = _truncate(scaled, options.top_k, options.top_p)
+  # One Gumbel-max draw per row from that row's own key.
+  token = jax.vmap(jax.random.categorical)(keys, kept).astype(jnp.int32)
+  tempered = _log_prob_of(scaled, token)
+  logprob = tempered if kept is scaled else _log_prob_of(kept, token)
+  return token, logprob, tempered
+
+
+def _record(state: SamplingState, logits: jax.Array, options: SamplingOptions) -> SamplingState:
+  """Sample column `state.step` from `logits` [B,V] and append it."""
+  keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(state.row_keys, state.step)
+  token, logprob, tempered = choose_tokens(logits, keys, options)
+  live = ~state.done
+  token = jnp.where(live, token, options.pad_id)
+  column = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x[:, None], state.step, axis=1)
+  hit_eos = jnp.isin(token, jnp.asarray(options.eos_ids, jnp.int32)) if options.eos_ids else False
+  return dataclasses.replace(
+      state,
+      step=state.step + 1,
+      tokens=column(state.tokens, token),
+      logprobs=column(state.logprobs, jnp.where(live, logprob, 0.0)),
+      tempered_logprobs=column(state.tempered_logprobs, jnp.where(live, tempered, 0.0)),
+      lengths=state.lengths + live.astype(jnp.int32),
+      done=state.done | (live & hit_eos),
+      last_token=token,
+      position=state.position + 1)
+
+
+def prefill(logits_fn: LogitsFn, params, prompt_tokens: jax.Array, prompt_mask: jax.Array,
+            cache, key: jax.Array, row_ids: jax.Array, row_valid: jax.Array,
+            options: SamplingOptions) -> SamplingState:
+  """Run the left-padded prompts [B,T] through the model and sample the first token.
+
+  `row_ids` [B] seed each row's random stream; rows with `row_valid` False
+  (bucket padding) start done, so they never hold the loop open.
+  """
+  b, n = prompt_tokens.shape[0], options.max_new_tokens
+  positions = model_lib.positions_from_mask(prompt_mask)
+  logits, cache = logits_fn(params, prompt_tokens, positions, prompt_mask, cache)
+  state = SamplingState(
+      step=jnp.zeros((), jnp.int32),
+      tokens=jnp.full((b, n), options.pad_id, jnp.int32),
+      logprobs=jnp.zeros((b, n), jnp.float32),
+      tempered_logprobs=jnp.zeros((b, n), jnp.float32),
+      lengths=jnp.zeros((b,), jnp.int32),
+      done=~row_valid,
+      last_token=prompt_tokens[:, -1],
+      position=positions[:, -1],
+      row_keys=jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids),
+      cache=cache)
+  return _record(state, logits, options)
+
+
+def decode(logits_fn: LogitsFn, params, state: SamplingState,
+           options: SamplingOptions) -> SamplingState:
+  """Sample until `max_new_tokens` columns are filled or every row is done."""
+
+  def cond(s):
+    # A cross-row reduction per step (a small all-reduce over the data axis).
+    return (s.step < options.max_new_tokens) & ~jnp.all(s.done)
+
+  def body(s):
+    # Finished rows still run (static shapes) but their slot is marked invalid.
+    logits, cache = logits_fn(params, s.last_token[:, None], s.position[:, None],
+                              (~s.done)[:, None].astype(jnp.int32), s.cache)
+    return _record(dataclasses.replace(s, cache=cache), logits, options)
+
+  return jax.lax.while_loop(cond, body, state)
+
+
+# ---------------------------------------------------------------------------
+# Shell: the model's logits function, jitted programs, buckets and placement.
+# ---------------------------------------------------------------------------
+def model_logits_fn(model_config: ModelConfig) -> LogitsFn:
+  """The LogitsFn of tba_jax.model: the training forward, cached."""
+
+  def logits_fn(params, tokens, positions, token_mask, cache):
+    hidden, cache = model_lib.forward(model_config, params, tokens, positions, token_mask, cache)
+    # Only the last position is sampled from; unembedding all T prompt
+    # positions would cost T times a [D,V] matmul per row for nothing.
+    return model_lib.unembed(model_config, params, hidden[:, -1]), cache
+
+  return logits_fn
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "options", "mesh"))
+def _prefill_program(params, prompt_tokens, prompt_mask, key, row_ids, row_valid, *,
+                     model_config, options, mesh):
+  b, t = prompt_tokens.shape
+  # Slots: the T prompt tokens plus every sampled token except the last (never fed).
+  cache = model_lib.KVCache.init(model_config, b, t + options.max_new_tokens - 1)
+  kv_sharding = sharding.cache_sharding(model_config, mesh)
+  cache = dataclasses.replace(
+      cache, k=jax.lax.with_sharding_constraint(cache.k, kv_sharding),
+      v=jax.lax.with_sharding_constraint(cache.v, kv_sharding),
+      mask=jax.lax.with_sharding_constraint(cache.mask, sharding.batch_sharding("searcher", mesh)))
+  return prefill(model_logits_fn(model_config), params, prompt_tokens, prompt_mask, cache, key,
+                 row_ids, row_valid, options)
+
+
+# The state (with its KV cache, the largest buffer) is donated: the loop
+# updates it in place instead of holding a second copy.
+@functools.partial(jax.jit, static_argnames=("model_config", "options"), donate_argnames=("state",))
+def _decode_program(params, state, *, model_config, options):
+  return decode(model_logits_fn(model_config), params, state, options)
+
+
+def _bucket(n: int, buckets: Sequence[int], what: str) -> int:
+  for b in buckets:
+    if b >= n:
+      return b
+  raise ValueError(f"{what} {n} exceeds the largest bucket {max(buckets)}; add a larger bucket")
+
+
+class Sampler:
+  """Batched generation for a searcher: compiles once per (batch, prompt) bucket.
+
+  Prompt lengths are left-padded up to the next of `prompt_buckets`; batch
+  sizes up to the next of `batch_buckets` rounded to a multiple of the mesh's
+  "data" axis (padding rows are dropped from the outputs). `mesh` is a
+  searcher mesh (sharding.make_mesh("searcher", devices, tensor)); None means
+  the first device. Params go to `sharding.param_shardings(cfg, "searcher",
+  mesh)` (no copy when they already live there), the batch over "data", the
+  KV cache per `sharding.cache_sharding`.
+  """
+
+  def __init__(self, model_config: ModelConfig, *, max_new_tokens: int, temperature: float = 1.0,
+               top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
+               eos_ids: Sequence[int] | int | None = None, pad_id: int = 0, mesh=None,
+               prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
+               batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS):
+    if eos_ids is None:
+      eos_ids = ()
+    elif isinstance(eos_ids, (int, np.integer)):
+      eos_ids = (eos_ids,)
+    self.model_config = model_config
+    self.options = SamplingOptions(
+        max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
+        top_p=float(top_p), greedy=bool(greedy), eos_ids=tuple(int(e) for e in eos_ids),
+        pad_id=int(pad_id))
+    self.mesh = mesh if mesh is not None else sharding.make_mesh("searcher", jax.devices()[:1])
+    data = sharding.batch_size_multiple("searcher", self.mesh)
+    self.prompt_buckets = tuple(sorted(prompt_buckets))
+    self.batch_buckets = tuple(sorted({-(-b // data) * data for b in batch_buckets}))
+    self.param_shardings = sharding.param_shardings(model_config, "searcher", self.mesh)
+
+  def __call__(self, params: Params, prompts: Sequence[Sequence[int]], rng_key) -> Rollouts:
+    """Completions of `prompts` (token-id lists, any lengths >= 1); `rng_key` a jax key."""
+    if not prompts:
+      raise ValueError("no prompts")
+    if any(len(p) == 0 for p in prompts):
+      raise ValueError("every prompt needs at least one token")
+    n = len(prompts)
+    b = _bucket(n, self.batch_buckets, "batch size")
+    t = _bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt length")
+    # Host-side left padding into the bucket shape; padding rows are one pad token.
+    tokens = np.full((b, t), self.options.pad_id, np.int32)
+    mask = np.zeros((b, t), np.int32)
+    for i, p in enumerate(prompts):
+      tokens[i, t - len(p):] = p
+      mask[i, t - len(p):] = 1
+    row_valid = np.arange(b) < n
+    if not jax.dtypes.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key):
+      rng_key = jax.random.wrap_key_data(rng_key)
+
+    params = jax.device_put(params, self.param_shardings)
+    rows = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.mesh, x.ndim))
+    state = _prefill_program(
+        params, rows(tokens), rows(mask), jax.device_put(rng_key, sharding.replicated(self.mesh)),
+        rows(np.arange(b, dtype=np.int32)), rows(row_valid),
+        model_config=self.model_config, options=self.options, mesh=self.mesh)
+    state = _decode_program(params, state, model_config=self.model_config, options=self.options)
+    # The one host sync of a call: fetch the outputs, drop the padding rows.
+    out = jax.device_get((state.tokens, state.logprobs, state.tempered_logprobs, state.lengths,
+                          state.step))
+    return Rollouts(tokens=out[0][:n], logprobs=out[1][:n], tempered_logprobs=out[2][:n],
+                    lengths=out[3][:n], num_decode_steps=int(out[4]))
+
+
+def generate(model_config: ModelConfig, params: Params, prompts: Sequence[Sequence[int]], *,
+             max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             greedy: bool = False, eos_ids: Sequence[int] | int | None = None, pad_id: int = 0,
+             seed: int = 0, mesh=None) -> Rollouts:
+  """Completions of `prompts` (lists of token ids, different lengths allowed).
+
+  See `Rollouts` for the outputs and `Sampler` for buckets and placement.
+  eos_ids=None never stops early. Compiled programs are cached across calls.
+  """
+  sampler = Sampler(model_config, max_new_tokens=max_new_tokens, temperature=temperature,
+                    top_k=top_k, top_p=top_p, greedy=greedy, eos_ids=eos_ids, pad_id=pad_id,
+                    mesh=mesh)
+  return sampler(params, prompts, jax.random.key(seed))
