@@ -1,0 +1,245 @@
+"""Objectives: sequence log-probs, the VarGrad trajectory-balance loss, baselines.
+
+Pure functions of arrays (no config objects), jit-safe with static shapes.
+Inputs are flat over the N = P prompts x R samples of a batch; which prompt a
+sequence belongs to is given by `group_ids` (any integers, any order, groups of
+any size >= 1), never by a reshape to [P, R], so every layout is handled.
+
+Trajectory balance (tba_spec.md section 2), per prompt x with completions y_j:
+
+    d_j      = log pi_theta(y_j|x) - log pi_ref(y_j|x) - r_j / beta
+    log Z(x) = -mean_j d_j                     (stop-gradient, VarGrad)
+    L        = mean over all (x, j) of (log Z(x) + d_j)^2
+
+Because log Z is detached, grad L = -(2 / (beta N)) sum_j A_j grad log pi(y_j)
+with A_j = r_j - beta log(pi_theta / pi_ref)(y_j) minus its per-prompt mean:
+mean-baseline REINFORCE on the KL-penalised reward (paper appendix A).
+
+Switches (each defaults to the TBA paper's behaviour):
+- EOS token counted in log pi: `completion_mask(..., include_eos=True)`. The
+  authors' code drops it when pad == eos; a clean setup counts it.
+- Importance-ratio clip (TBA-prime): `trajectory_balance(..., ratio_clip=c)`
+  weights each squared residual by stopgrad(min(pi_theta / pi_behaviour, c)).
+  Default None: TBA itself uses no importance weights.
+- beta schedule: `linear_beta` (the authors' anneal, with its (u - 1)
+  convention and optional abrupt switch) or `constant_beta`.
+- Reference resetting (TBA-prime: every 50 steps) is a runtime matter, not a
+  loss option: the loop copies the trainer's params into the searchers'
+  reference params, and samples generated afterwards carry reference
+  log-probs from the new reference. Nothing in this file changes.
+
+Baselines for comparison on the same batches: `rloo` and `grpo`.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+# ---------------------------------------------------------------------------
+# Log-probabilities.
+# ---------------------------------------------------------------------------
+def token_logprobs(logits: Array, tokens: Array, temperature: float = 1.0) -> Array:
+  """log softmax(logits / T)[tokens]: [N, T] from logits [N, T, V], tokens [N, T].
+
+  logits[:, t] is the distribution of tokens[:, t]. Computed in float32 as
+  logit - logsumexp, which never materialises a second [N, T, V] array.
+  """
+  logits = logits.astype(jnp.float32) / temperature
+  picked = jnp.take_along_axis(logits, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  return picked - jax.nn.logsumexp(logits, axis=-1)
+
+
+def sequence_logprobs(logits: Array, tokens: Array, mask: Array,
+                      temperature: float = 1.0) -> Array:
+  """Summed (not length-normalised) log-probs [N] of the tokens where mask > 0."""
+  return masked_sum(token_logprobs(logits, tokens, temperature), mask)
+
+
+def masked_sum(per_token: Array, mask: Array) -> Array:
+  """Sum over the last axis of the entries where mask > 0 ([N, T] -> [N])."""
+  return jnp.sum(jnp.where(mask > 0, per_token, 0.0), axis=-1)
+
+
+def completion_mask(lengths: Array, ended: Array, num_columns: int,
+                    include_eos: bool = True) -> Array:
+  """[N, num_columns] float32 mask of the completion tokens counted in log pi.
+
+  lengths [N]: generated tokens per row, the EOS token included when the row
+  ended with one (ended [N] bool; False = cut off at the length limit).
+  include_eos=False drops the EOS token itself (the authors' pad == eos case).
+  Tokens after the first EOS are never counted.
+  """
+  lengths = jnp.asarray(lengths, jnp.int32)
+  drop_eos = jnp.logical_and(jnp.asarray(ended, bool), not include_eos)
+  counted = lengths - drop_eos.astype(jnp.int32)
+  return (jnp.arange(num_columns)[None, :] < counted[:, None]).astype(jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Grouping by prompt id.
+# ---------------------------------------------------------------------------
+def group_index(group_ids: Array) -> Array:
+  """[N] int32 in [0, N): the row of each sequence's first group member.
+
+  Remaps arbitrary ids to segment ids under jit with static N, without sort or
+  unique: an [N, N] equality test (N is a batch of sequences, a few hundred to
+  a few thousand, so this is small next to one forward pass).
+  """
+  same = group_ids[:, None] == group_ids[None, :]
+  return jnp.argmax(same, axis=1).astype(jnp.int32)
+
+
+def group_size(group_ids: Array) -> Array:
+  """[N] float32: the number of sequences in each sequence's group."""
+  seg = group_index(group_ids)
+  n = group_ids.shape[0]
+  return jax.ops.segment_sum(jnp.ones((n,), jnp.float32), seg, num_segments=n)[seg]
+
+
+def group_mean(values: Array, group_ids: Array) -> Array:
+  """[N]: the mean of `values` [N] over each sequence's group (segment sums)."""
+  seg = group_index(group_ids)
+  n = values.shape[0]
+  sums = jax.ops.segment_sum(values, seg, num_segments=n)
+  counts = jax.ops.segment_sum(jnp.ones_like(values), seg, num_segments=n)
+  return (sums / jnp.maximum(counts, 1.0))[seg]
+
+
+# ---------------------------------------------------------------------------
+# Trajectory balance.
+# ---------------------------------------------------------------------------
+class TBAux(NamedTuple):
+  log_z: Array      # [N] VarGrad log Z of each sequence's prompt (detached)
+  residuals: Array  # [N] log Z + d
+  kl: Array         # scalar: mean of log pi_theta - log pi_ref (KL(pi||ref) estimate)
+  weights: Array    # [N] importance weights (ones without ratio_clip)
+
+
+def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Array,
+                       group_ids: Array, beta: Array | float,
+                       behaviour_logprobs: Array | None = None,
+                       ratio_clip: float | None = None) -> tuple[Array, TBAux]:
+  """VarGrad TB loss (module docstring); all inputs are per-sequence [N].
+
+  ratio_clip (TBA-prime, default None = off) weights each squared residual by
+  stopgrad(min(exp(policy - behaviour), ratio_clip)); needs behaviour_logprobs,
+  the sequence log-probs of the policy version that sampled each completion.
+  log Z stays the plain group mean of d.
+  """
+  policy_logprobs = policy_logprobs.astype(jnp.float32)
+  d = policy_logprobs - ref_logprobs - rewards / beta
+  log_z = jax.lax.stop_gradient(-group_mean(d, group_ids))
+  residuals = log_z + d
+  weights = _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip)
+  loss = jnp.mean(weights * residuals ** 2)
+  kl = jnp.mean(jax.lax.stop_gradient(policy_logprobs - ref_logprobs))
+  return loss, TBAux(log_z=log_z, residuals=jax.lax.stop_gradient(residuals), kl=kl,
+                     weights=weights)
+
+
+def _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip):
+  """stopgrad(min(pi_theta / pi_behaviour, clip)) per sequence, or ones."""
+  if ratio_clip is None:
+    return jnp.ones_like(policy_logprobs)
+  if behaviour_logprobs is None:
+    raise ValueError("ratio_clip needs behaviour_logprobs")
+  # min() in log space first: exp of a large log-ratio would overflow.
+  log_ratio = jnp.minimum(policy_logprobs - behaviour_logprobs, jnp.log(ratio_clip))
+  return jax.lax.stop_gradient(jnp.exp(log_ratio))
+
+
+# ---------------------------------------------------------------------------
+# beta schedules (functions of the 1-based trainer step u, jit-safe).
+# ---------------------------------------------------------------------------
+def linear_beta(step: Array | int, beta_init: float, beta_final: float,
+                anneal_steps: int, stop_step: int) -> Array:
+  """The authors' anneal: beta_final (u-1)/D + beta_init (1 - (u-1)/D) for u < stop.
+
+  u = step counts from 1 (the first update is u = 1 and gets beta_init);
+  from u = stop_step on, beta = beta_final. GSM8K: D = stop = 500, so beta
+  reaches beta_final smoothly; TL;DR: D = 128, stop = 32, an intentional jump.
+  """
+  frac = (jnp.asarray(step, jnp.float32) - 1.0) / anneal_steps
+  annealed = beta_final * frac + beta_init * (1.0 - frac)
+  return jnp.where(step < stop_step, annealed, beta_final).astype(jnp.float32)
+
+
+def constant_beta(step: Array | int, beta: float) -> Array:
+  del step
+  return jnp.asarray(beta, jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Baselines.
+# ---------------------------------------------------------------------------
+class RLOOAux(NamedTuple):
+  advantages: Array  # [N] leave-one-out advantages of the KL-penalised reward
+  kl: Array          # scalar: mean of log pi_theta - log pi_ref
+  weights: Array     # [N] importance weights (ones without ratio_clip)
+
+
+def rloo(policy_logprobs: Array, ref_logprobs: Array, rewards: Array, group_ids: Array,
+         beta: Array | float, behaviour_logprobs: Array | None = None,
+         ratio_clip: float | None = None) -> tuple[Array, RLOOAux]:
+  """REINFORCE leave-one-out on the sequence level; inputs per-sequence [N].
+
+  R_j = r_j - beta stopgrad(log pi_theta - log pi_ref)(y_j); the baseline of
+  y_j is the mean R over the OTHER members of its group, so
+  A_j = n/(n-1) (R_j - mean_group R). A group of one has no baseline: A = 0.
+  loss = -mean_j stopgrad(w_j A_j) log pi_theta(y_j), w_j = 1 or, with
+  ratio_clip, stopgrad(min(pi_theta / pi_behaviour, ratio_clip)).
+  """
+  policy_logprobs = policy_logprobs.astype(jnp.float32)
+  log_ratio_ref = jax.lax.stop_gradient(policy_logprobs - ref_logprobs)
+  shaped = rewards - beta * log_ratio_ref
+  n = group_size(group_ids)
+  centred = shaped - group_mean(shaped, group_ids)
+  advantages = jnp.where(n > 1, centred * n / jnp.maximum(n - 1.0, 1.0), 0.0)
+  weights = _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip)
+  loss = -jnp.mean(jax.lax.stop_gradient(weights * advantages) * policy_logprobs)
+  return loss, RLOOAux(advantages=advantages, kl=jnp.mean(log_ratio_ref), weights=weights)
+
+
+class GRPOAux(NamedTuple):
+  advantages: Array     # [N] group-normalised rewards
+  kl: Array             # scalar: mean per-token k3 estimate of KL(pi_theta || pi_ref)
+  clip_fraction: Array  # scalar: fraction of counted tokens with ratio outside 1 +- clip_eps
+
+
+def grpo(policy_logprobs: Array, behaviour_logprobs: Array, ref_logprobs: Array,
+         mask: Array, rewards: Array, group_ids: Array, beta: Array | float,
+         clip_eps: float = 0.2, std_eps: float = 1e-4) -> tuple[Array, GRPOAux]:
+  """GRPO (DeepSeekMath) with PER-TOKEN log-probs [N, T] and mask [N, T].
+
+  A_j = (r_j - mean_group r) / (std_group r + std_eps), population std (a group
+  of one gets A = 0). Per token: PPO clipped surrogate of the ratio
+  pi_theta / pi_behaviour, minus beta times the k3 KL estimate
+  exp(ref - pi) - (ref - pi) - 1. Averaged over each sequence's counted
+  tokens, then over sequences (so equal-size micro-batches accumulate exactly).
+  """
+  lp = policy_logprobs.astype(jnp.float32)
+  counted = mask > 0
+  mean = group_mean(rewards, group_ids)
+  std = jnp.sqrt(group_mean((rewards - mean) ** 2, group_ids))
+  advantages = (rewards - mean) / (std + std_eps)
+  # Log-ratios are zeroed at padding BEFORE exp: an overflow there would turn
+  # into a NaN gradient even though the value is masked out later.
+  ratio = jnp.exp(jnp.where(counted, lp - behaviour_logprobs, 0.0))
+  clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+  adv = advantages[:, None]
+  surrogate = jnp.minimum(ratio * adv, clipped * adv)
+  log_ref_ratio = jnp.where(counted, ref_logprobs - lp, 0.0)
+  kl = jnp.exp(log_ref_ratio) - log_ref_ratio - 1.0
+  num_tokens = jnp.maximum(jnp.sum(counted, axis=-1), 1)
+  per_sequence = masked_sum(-(surrogate - beta * kl), mask) / num_tokens
+  total_tokens = jnp.maximum(jnp.sum(counted), 1)
+  aux = GRPOAux(
+      advantages=advantages,
+      kl=jax.lax.stop_gradient(jnp.sum(jnp.where(counted, kl, 0.0)) / total_tokens),
+      clip_fraction=jnp.sum(counted & (ratio != clipped)) / total_tokens)
+  return jnp.mean(per_sequence), aux

@@ -1,0 +1,237 @@
+"""TB loss, baselines, schedules and masks against independent NumPy references."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tba_jax import losses
+
+# Ids are arbitrary (negative, large, non-contiguous); group sizes 1..5; the
+# rows are shuffled so no group is contiguous.
+GROUP_SIZES = {7: 3, -4: 1, 1000: 5, 42: 2, 3: 4}
+
+
+def shuffled_groups(rng):
+  ids = np.concatenate([np.full(n, g, np.int32) for g, n in GROUP_SIZES.items()])
+  return rng.permutation(ids)
+
+
+def random_inputs(seed):
+  rng = np.random.default_rng(seed)
+  ids = shuffled_groups(rng)
+  n = len(ids)
+  policy = rng.normal(-20, 5, n).astype(np.float32)
+  ref = policy + rng.normal(0, 1, n).astype(np.float32)
+  behaviour = policy + rng.normal(0, 2, n).astype(np.float32)
+  rewards = rng.integers(0, 2, n).astype(np.float32) + rng.normal(0, 0.1, n).astype(np.float32)
+  return policy, ref, behaviour, rewards, ids
+
+
+def np_group_mean(x, ids):
+  x = x.astype(np.float64)
+  return np.array([x[ids == g].mean() for g in ids])
+
+
+def np_tb(policy, ref, rewards, ids, beta, weights=None):
+  d = policy.astype(np.float64) - ref - rewards / beta
+  log_z = -np_group_mean(d, ids)
+  res = log_z + d
+  w = np.ones_like(res) if weights is None else weights
+  return np.mean(w * res ** 2), log_z, res
+
+
+def test_trajectory_balance_matches_numpy_with_shuffled_unequal_groups():
+  policy, ref, _, rewards, ids = random_inputs(0)
+  beta = 0.3
+  want_loss, want_log_z, want_res = np_tb(policy, ref, rewards, ids, beta)
+  loss, aux = jax.jit(losses.trajectory_balance)(policy, ref, rewards, ids, beta)
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+  np.testing.assert_allclose(aux.log_z, want_log_z, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(aux.residuals, want_res, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(aux.kl, np.mean(policy - ref), rtol=1e-5)
+  # The singleton group's residual is exactly zero (log Z absorbs it).
+  assert abs(float(aux.residuals[ids == -4][0])) < 1e-5
+
+
+def test_tb_gradient_is_scaled_residual_and_log_z_is_detached():
+  policy, ref, _, rewards, ids = random_inputs(1)
+  beta = 0.5
+  _, _, res = np_tb(policy, ref, rewards, ids, beta)
+  grad = jax.grad(lambda p: losses.trajectory_balance(p, ref, rewards, ids, beta)[0])(policy)
+  np.testing.assert_allclose(grad, 2 * res / len(ids), rtol=1e-4, atol=1e-5)
+  # Detached: log Z does not depend on the policy under differentiation.
+  dlogz = jax.jacobian(lambda p: losses.trajectory_balance(p, ref, rewards, ids, beta)[1].log_z)(policy)
+  assert np.all(np.asarray(dlogz) == 0)
+
+
+def test_tb_loss_is_invariant_to_row_order():
+  policy, ref, _, rewards, ids = random_inputs(2)
+  perm = np.random.default_rng(3).permutation(len(ids))
+  a, aux_a = losses.trajectory_balance(policy, ref, rewards, ids, 0.2)
+  b, aux_b = losses.trajectory_balance(policy[perm], ref[perm], rewards[perm], ids[perm], 0.2)
+  np.testing.assert_allclose(a, b, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(aux_a.log_z)[perm], aux_b.log_z, rtol=1e-6)
+
+
+def test_tb_grouping_is_by_id_not_by_position():
+  # Same values, ids relabelled: a contiguous [P, R] reshape would disagree.
+  policy, ref, _, rewards, ids = random_inputs(4)
+  remap = {g: i * 13 + 5 for i, g in enumerate(GROUP_SIZES)}
+  relabelled = np.array([remap[g] for g in ids], np.int32)
+  a, _ = losses.trajectory_balance(policy, ref, rewards, ids, 0.2)
+  b, _ = losses.trajectory_balance(policy, ref, rewards, relabelled, 0.2)
+  np.testing.assert_allclose(a, b, rtol=1e-6)
+  merged = np.where(ids == 7, 42, ids)  # merging two groups changes log Z
+  c, _ = losses.trajectory_balance(policy, ref, rewards, merged, 0.2)
+  assert abs(float(c) - float(a)) > 1e-3 * float(a)
+
+
+def test_ratio_clip_weights_squared_residuals_without_gradient():
+  policy, ref, behaviour, rewards, ids = random_inputs(5)
+  beta, clip = 0.4, 2.0
+  w = np.minimum(np.exp(policy.astype(np.float64) - behaviour), clip)
+  assert (w == clip).any() and (w < clip).any()
+  want, _, res = np_tb(policy, ref, rewards, ids, beta, weights=w)
+  fn = lambda p: losses.trajectory_balance(p, ref, rewards, ids, beta, behaviour_logprobs=behaviour,
+                                           ratio_clip=clip)
+  loss, aux = fn(policy)
+  np.testing.assert_allclose(loss, want, rtol=1e-5)
+  np.testing.assert_allclose(aux.weights, w, rtol=1e-5)
+  # The weight is a constant: grad = (2/N) w * residual.
+  grad = jax.grad(lambda p: fn(p)[0])(policy)
+  np.testing.assert_allclose(grad, 2 * w * res / len(ids), rtol=1e-4, atol=1e-5)
+  # Off by default, and the default equals an unreachable clip on-policy.
+  off, aux_off = losses.trajectory_balance(policy, ref, rewards, ids, beta)
+  on_policy, _ = losses.trajectory_balance(policy, ref, rewards, ids, beta,
+                                           behaviour_logprobs=policy, ratio_clip=8.0)
+  np.testing.assert_allclose(off, on_policy, rtol=1e-6)
+  assert np.all(np.asarray(aux_off.weights) == 1)
+  with pytest.raises(ValueError, match="behaviour_logprobs"):
+    losses.trajectory_balance(policy, ref, rewards, ids, beta, ratio_clip=clip)
+
+
+def authors_beta(u, beta_0, beta_final, d, stop):
+  return beta_final * (u - 1) / d + beta_0 * (1 - (u - 1) / d) if u < stop else beta_final
+
+
+@pytest.mark.parametrize("beta_0,beta_final,d,stop", [(0.014, 0.004, 500, 500),
+                                                      (1.0, 0.05, 128, 32)])
+def test_linear_beta_matches_authors_schedule(beta_0, beta_final, d, stop):
+  schedule = jax.jit(lambda u: losses.linear_beta(u, beta_0, beta_final, d, stop))
+  for u in [1, 2, 31, 32, 33, 250, 499, 500, 501, 700]:
+    np.testing.assert_allclose(schedule(u), authors_beta(u, beta_0, beta_final, d, stop),
+                               rtol=1e-6, err_msg=f"u={u}")
+  assert float(schedule(1)) == pytest.approx(beta_0)
+
+
+def test_linear_beta_known_values():
+  gsm8k = lambda u: float(losses.linear_beta(u, 0.014, 0.004, 500, 500))
+  assert gsm8k(1) == pytest.approx(0.014)
+  assert gsm8k(251) == pytest.approx(0.009)       # halfway: (u-1)/D = 0.5
+  assert gsm8k(499) == pytest.approx(0.004 + 0.01 * 2 / 500)
+  assert gsm8k(500) == pytest.approx(0.004)       # u = stop: beta_final from here on
+  assert gsm8k(501) == pytest.approx(0.004)
+  tldr = lambda u: float(losses.linear_beta(u, 1.0, 0.05, 128, 32))
+  assert tldr(31) == pytest.approx(0.05 * 30 / 128 + 1.0 * 98 / 128)  # ~0.777
+  assert tldr(32) == pytest.approx(0.05)          # the intentional jump
+  assert float(losses.constant_beta(17, 0.05)) == pytest.approx(0.05)
+
+
+def test_completion_mask_eos_switch():
+  lengths = np.array([3, 5, 2, 0])
+  ended = np.array([True, False, True, False])  # row 1 was cut at the length limit
+  with_eos = np.asarray(losses.completion_mask(lengths, ended, 5))
+  without = np.asarray(losses.completion_mask(lengths, ended, 5, include_eos=False))
+  np.testing.assert_array_equal(with_eos, [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1],
+                                           [1, 1, 0, 0, 0], [0, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(without, [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1],
+                                          [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
+  # The switch changes log pi by exactly the EOS token's log-prob.
+  rng = np.random.default_rng(6)
+  logits = rng.normal(size=(4, 5, 11)).astype(np.float32)
+  tokens = rng.integers(0, 11, (4, 5))
+  lp = np.asarray(losses.token_logprobs(logits, tokens))
+  diff = (losses.sequence_logprobs(logits, tokens, with_eos)
+          - losses.sequence_logprobs(logits, tokens, without))
+  np.testing.assert_allclose(diff, [lp[0, 2], 0, lp[2, 1], 0], rtol=1e-6)
+
+
+def test_token_and_sequence_logprobs_are_tempered_log_softmax():
+  rng = np.random.default_rng(7)
+  logits = rng.normal(0, 3, (3, 6, 17)).astype(np.float32)
+  tokens = rng.integers(0, 17, (3, 6))
+  mask = (rng.random((3, 6)) < 0.7).astype(np.float32)
+  t = 0.7
+  z = logits.astype(np.float64) / t
+  log_softmax = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z.max(-1, keepdims=True)
+  want = np.take_along_axis(log_softmax, tokens[..., None], -1)[..., 0]
+  np.testing.assert_allclose(losses.token_logprobs(logits, tokens, t), want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(losses.sequence_logprobs(logits, tokens, mask, t),
+                             (want * mask).sum(-1), rtol=1e-5, atol=1e-5)
+
+
+def np_rloo(policy, ref, rewards, ids, beta, weights):
+  shaped = rewards - beta * (policy.astype(np.float64) - ref)
+  adv = np.zeros_like(shaped)
+  for i, g in enumerate(ids):
+    others = [j for j in range(len(ids)) if ids[j] == g and j != i]
+    adv[i] = shaped[i] - shaped[others].mean() if others else 0.0
+  return -np.mean(weights * adv * policy), adv
+
+
+@pytest.mark.parametrize("ratio_clip", [None, 1.5])
+def test_rloo_matches_numpy(ratio_clip):
+  policy, ref, behaviour, rewards, ids = random_inputs(8)
+  beta = 0.05
+  w = (np.ones(len(ids)) if ratio_clip is None
+       else np.minimum(np.exp(policy.astype(np.float64) - behaviour), ratio_clip))
+  want, adv = np_rloo(policy, ref, rewards, ids, beta, w)
+  fn = lambda p: losses.rloo(p, ref, rewards, ids, beta, behaviour_logprobs=behaviour,
+                             ratio_clip=ratio_clip)
+  loss, aux = fn(policy)
+  np.testing.assert_allclose(aux.advantages, adv, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(loss, want, rtol=1e-4)
+  assert float(aux.advantages[ids == -4][0]) == 0.0  # singleton: no baseline
+  # REINFORCE: the gradient w.r.t. log pi is -(w A) / N, advantages held fixed.
+  np.testing.assert_allclose(jax.grad(lambda p: fn(p)[0])(policy), -w * adv / len(ids),
+                             rtol=1e-4, atol=1e-6)
+
+
+def np_grpo(lp, behaviour, ref, mask, rewards, ids, beta, clip_eps, std_eps=1e-4):
+  lp = lp.astype(np.float64)
+  mean = np_group_mean(rewards, ids)
+  std = np.sqrt(np_group_mean((rewards - mean) ** 2, ids))
+  adv = ((rewards - mean) / (std + std_eps))[:, None]
+  ratio = np.exp(lp - behaviour)
+  surrogate = np.minimum(ratio * adv, np.clip(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
+  kl = np.exp(ref - lp) - (ref - lp) - 1
+  per_token = -(surrogate - beta * kl)
+  per_seq = (per_token * mask).sum(1) / mask.sum(1)
+  return per_seq.mean(), adv[:, 0], (kl * mask).sum() / mask.sum()
+
+
+def test_grpo_matches_numpy():
+  rng = np.random.default_rng(9)
+  ids = shuffled_groups(rng)
+  n, t = len(ids), 7
+  lp = rng.normal(-2, 1, (n, t)).astype(np.float32)
+  behaviour = lp + rng.normal(0, 0.3, (n, t)).astype(np.float32)  # ratios in and out of the clip
+  ref = lp + rng.normal(0, 0.5, (n, t)).astype(np.float32)
+  mask = (np.arange(t)[None] < rng.integers(1, t + 1, n)[:, None]).astype(np.float32)
+  rewards = rng.integers(0, 2, n).astype(np.float32)
+  beta, clip_eps = 0.04, 0.2
+  want, adv, kl = np_grpo(lp, behaviour, ref, mask, rewards, ids, beta, clip_eps)
+  loss, aux = jax.jit(losses.grpo)(lp, behaviour, ref, mask, rewards, ids, beta, clip_eps)
+  np.testing.assert_allclose(loss, want, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(aux.advantages, adv, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(aux.kl, kl, rtol=1e-4)
+  ratio = np.exp(lp.astype(np.float64) - behaviour)
+  outside = ((ratio < 1 - clip_eps) | (ratio > 1 + clip_eps)) & (mask > 0)
+  assert 0 < float(aux.clip_fraction) < 1
+  np.testing.assert_allclose(aux.clip_fraction, outside.sum() / mask.sum(), rtol=1e-6)
+  # Padding does not leak in: changing masked-out log-probs changes nothing.
+  lp2 = np.where(mask > 0, lp, lp - 100.0)
+  np.testing.assert_allclose(losses.grpo(lp2, behaviour, ref, mask, rewards, ids, beta)[0],
+                             loss, rtol=1e-6)
+  grad = jax.grad(lambda x: losses.grpo(x, behaviour, ref, mask, rewards, ids, beta)[0])(lp2)
+  assert np.all(np.isfinite(grad)) and np.all(np.asarray(grad)[mask == 0] == 0)
