@@ -36,11 +36,17 @@ import numpy as np
 from tba_jax.train_step import TrainBatch
 
 EVICTION_POLICIES = ("oldest", "lowest_reward")
+# Entry fields as (name, dtype): one value per entry, and one per completion token. pack,
+# unpack and state_dict are written over these tables; the 32-bit types survive a JAX
+# all-gather (no x64) unchanged.
+_SCALARS = (("prompt_id", np.int32), ("reward", np.float32), ("version", np.int32),
+            ("searcher_id", np.int32), ("ended_with_eos", np.int32))
+_PER_TOKEN = (("completion", np.int32), ("ref_logprobs", np.float32),
+              ("behaviour_logprobs", np.float32))
 # The variable-length arrays of state_dict, in the order of its `sizes` array.
-_STATE_ARRAYS = ("seqs", "prompt_ids", "lengths", "completions", "rewards", "ref_logprobs",
-                 "behaviour_logprobs", "versions", "searcher_ids", "ended_with_eos",
-                 "prompt_table_ids", "prompt_table_lens", "prompt_table_tokens", "pending",
-                 "latest", "latest_left")
+_STATE_ARRAYS = (("seq", "length") + tuple(n for n, _ in _SCALARS + _PER_TOKEN) +
+                 ("prompt_table_ids", "prompt_table_lens", "prompt_table_tokens", "pending",
+                  "latest", "latest_left"))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -67,8 +73,8 @@ class Entry:
 
 
 def _frozen(x, dtype) -> np.ndarray:
-  # A private read-only copy: a caller reusing its arrays cannot corrupt stored entries,
-  # and sampled batches can reference entries outside the lock.
+  # A private read-only copy: callers cannot corrupt stored entries, and batches can be
+  # built from entries outside the lock.
   a = np.array(x, dtype=dtype).reshape(-1)
   a.flags.writeable = False
   return a
@@ -163,9 +169,7 @@ class ReplayBuffer:
     self._num_syncs = self._num_added = self._num_replaced = self._num_evicted = 0
     self._reward_sum, self._length_sum, self._version_sum = 0.0, 0, 0
 
-  # ---------------------------------------------------------------------------
-  # Insertion and eviction
-  # ---------------------------------------------------------------------------
+  # --- Insertion and eviction -------------------------------------------------------------
   def add(self, entry: Entry) -> None:
     self.add_many([entry])
 
@@ -177,35 +181,36 @@ class ReplayBuffer:
         self._add_locked(e)
 
   def _add_locked(self, e: Entry) -> None:
-    pid = e.prompt_id
+    pid, key = e.prompt_id, e.completion.tobytes()
     stored = self._prompts.get(pid)
-    if stored is None:
-      self._prompts[pid] = e.prompt
-    elif not np.array_equal(stored, e.prompt):
+    if stored is not None and not np.array_equal(stored, e.prompt):
       raise ValueError(f"prompt id {pid}: prompt tokens differ from the ones already stored")
-    else:
-      e = dataclasses.replace(e, prompt=stored)  # one copy of the prompt per prompt id
-    per = self._entries.setdefault(pid, collections.OrderedDict())
-    key, seq = e.completion.tobytes(), self._next_seq
-    self._next_seq += 1
-    old = per.pop(key, None)
-    if old is not None:  # same completion again: the newer sample (version, reward) wins
-      self._forget_entry(old[0], old[1])
+    per = self._entries.get(pid)
+    if per is not None and key in per:  # same completion again: the newer sample wins
+      self._forget_entry(*per.pop(key))
       self._num_replaced += 1
-    per[key] = (seq, e)
-    self._by_seq[seq] = (pid, key)
-    self._reward_sum += e.reward
-    self._length_sum += e.length
-    self._version_sum += e.version
-    if self.max_entries is not None and self.eviction == "lowest_reward":
-      heapq.heappush(self._heap, (e.reward, seq, pid, key))
+    self._insert(e, self._next_seq)
+    self._next_seq += 1
     self._pending.add(pid)
     self._num_added += 1
+    per = self._entries[pid]
     while len(per) > self.max_per_prompt:
       self._evict(pid, next(iter(per)))
     if self.max_entries is not None:
       while len(self._by_seq) > self.max_entries:
         self._evict(*self._global_victim())
+
+  def _insert(self, e: Entry, seq: int) -> None:
+    """Indexes one entry as the newest (no checks, de-dup or caps)."""
+    e = dataclasses.replace(e, prompt=self._prompts.setdefault(e.prompt_id, e.prompt))
+    key = e.completion.tobytes()
+    self._entries.setdefault(e.prompt_id, collections.OrderedDict())[key] = (seq, e)
+    self._by_seq[seq] = (e.prompt_id, key)
+    self._reward_sum += e.reward
+    self._length_sum += e.length
+    self._version_sum += e.version
+    if self.max_entries is not None and self.eviction == "lowest_reward":
+      heapq.heappush(self._heap, (e.reward, seq, e.prompt_id, key))
 
   def _forget_entry(self, seq: int, e: Entry) -> None:
     del self._by_seq[seq]
@@ -234,9 +239,7 @@ class ReplayBuffer:
       if seq in self._by_seq:  # not replaced or evicted since it was pushed
         return pid, key
 
-  # ---------------------------------------------------------------------------
-  # Sync windows and merging
-  # ---------------------------------------------------------------------------
+  # --- Sync windows and merging -----------------------------------------------------------
   def mark_sync(self) -> int:
     """Closes the sync window (module docstring); returns the number of latest prompts."""
     with self._lock:
@@ -285,9 +288,7 @@ class ReplayBuffer:
               "num_syncs": self._num_syncs, "num_added": self._num_added,
               "num_replaced": self._num_replaced, "num_evicted": self._num_evicted}
 
-  # ---------------------------------------------------------------------------
-  # Sampling: the m rule
-  # ---------------------------------------------------------------------------
+  # --- Sampling: the m rule ---------------------------------------------------------------
   def sample(self, num_prompts: int, samples_per_prompt: int, m: float,
              rng: np.random.Generator | None = None, *, max_prompt_len: int,
              max_completion_len: int, pad_id: int, include_eos: bool = True,
@@ -372,36 +373,26 @@ class ReplayBuffer:
       slots[i] = (pid, False, replaced, [items[j] for j in idx])
     return slots, fallback
 
-  # ---------------------------------------------------------------------------
-  # Save / restore (every value a non-empty numpy array, as orbax needs)
-  # ---------------------------------------------------------------------------
+  # --- Save / restore (every value a non-empty numpy array, as orbax needs) ---------------
   def state_dict(self) -> dict[str, np.ndarray]:
     """The full state; `load_state_dict` on a buffer with the same caps restores it exactly."""
     with self._lock:
-      seqs = list(self._by_seq)
       es = [self._entries[p][k][1] for p, k in self._by_seq.values()]
       pids = sorted(self._prompts)
-      arrays = {
-          "seqs": (seqs, np.int64), "prompt_ids": ([e.prompt_id for e in es], np.int64),
-          "lengths": ([e.length for e in es], np.int64),
-          "completions": (_cat([e.completion for e in es]), np.int32),
-          "rewards": ([e.reward for e in es], np.float32),
-          "ref_logprobs": (_cat([e.ref_logprobs for e in es]), np.float32),
-          "behaviour_logprobs": (_cat([e.behaviour_logprobs for e in es]), np.float32),
-          "versions": ([e.version for e in es], np.int64),
-          "searcher_ids": ([e.searcher_id for e in es], np.int64),
-          "ended_with_eos": ([e.ended_with_eos for e in es], np.int64),
-          "prompt_table_ids": (pids, np.int64),
-          "prompt_table_lens": ([self._prompts[p].size for p in pids], np.int64),
-          "prompt_table_tokens": (_cat([self._prompts[p] for p in pids]), np.int32),
-          "pending": (sorted(self._pending), np.int64), "latest": (self._latest, np.int64),
-          "latest_left": (self._latest_left, np.int64)}
+      arrays = {"seq": (list(self._by_seq), np.int64), "length": ([e.length for e in es], np.int64)}
+      arrays.update({n: ([getattr(e, n) for e in es], dt) for n, dt in _SCALARS})
+      arrays.update({n: (_cat([getattr(e, n) for e in es]), dt) for n, dt in _PER_TOKEN})
+      arrays.update(
+          prompt_table_ids=(pids, np.int64),
+          prompt_table_lens=([self._prompts[p].size for p in pids], np.int64),
+          prompt_table_tokens=(_cat([self._prompts[p] for p in pids]), np.int32),
+          pending=(sorted(self._pending), np.int64), latest=(self._latest, np.int64),
+          latest_left=(self._latest_left, np.int64))
       # Orbax refuses zero-size arrays, so each variable-length array carries one trailing
       # dummy element and its true size is recorded in `sizes`.
-      assert tuple(arrays) == _STATE_ARRAYS
-      state = {"sizes": np.array([len(v) for v, _ in arrays.values()], np.int64)}
-      state.update({name: np.append(np.asarray(v, dt), np.zeros(1, dt))
-                    for name, (v, dt) in arrays.items()})
+      state = {"sizes": np.array([len(arrays[n][0]) for n in _STATE_ARRAYS], np.int64)}
+      state.update({n: np.append(np.asarray(v, dt), np.zeros(1, dt))
+                    for n, (v, dt) in arrays.items()})
       state["counters"] = np.array([self._next_seq, self._drain_from, self._num_syncs,
                                     self._num_added, self._num_replaced, self._num_evicted],
                                    np.int64)
@@ -415,24 +406,13 @@ class ReplayBuffer:
     with self._lock:
       self._clear()
       off = np.concatenate([[0], np.cumsum(s["prompt_table_lens"])])
-      for i, pid in enumerate(s["prompt_table_ids"]):
-        self._prompts[int(pid)] = _frozen(s["prompt_table_tokens"][off[i]:off[i + 1]], np.int32)
-      off = np.concatenate([[0], np.cumsum(s["lengths"])])
-      for i, seq in enumerate(s["seqs"]):
-        pid, sl = int(s["prompt_ids"][i]), slice(off[i], off[i + 1])
-        e = Entry(pid, self._prompts[pid], _frozen(s["completions"][sl], np.int32),
-                  float(s["rewards"][i]), _frozen(s["ref_logprobs"][sl], np.float32),
-                  _frozen(s["behaviour_logprobs"][sl], np.float32), int(s["versions"][i]),
-                  int(s["searcher_ids"][i]), bool(s["ended_with_eos"][i]))
-        key, seq = e.completion.tobytes(), int(seq)
-        self._entries.setdefault(pid, collections.OrderedDict())[key] = (seq, e)
-        self._by_seq[seq] = (pid, key)
-        self._reward_sum += e.reward
-        self._length_sum += e.length
-        self._version_sum += e.version
-        if self.max_entries is not None and self.eviction == "lowest_reward":
-          self._heap.append((e.reward, seq, pid, key))
-      heapq.heapify(self._heap)
+      for i, pid in enumerate(s["prompt_table_ids"].tolist()):
+        self._prompts[pid] = _frozen(s["prompt_table_tokens"][off[i]:off[i + 1]], np.int32)
+      off = np.concatenate([[0], np.cumsum(s["length"])])
+      for i, seq in enumerate(s["seq"].tolist()):  # in seq order, so every dict order holds
+        fields = {n: s[n][i].item() for n, _ in _SCALARS}
+        fields.update({n: s[n][off[i]:off[i + 1]] for n, _ in _PER_TOKEN})
+        self._insert(_normalized(Entry(prompt=self._prompts[fields["prompt_id"]], **fields)), seq)
       self._pending = set(s["pending"].tolist())
       self._latest, self._latest_left = s["latest"].tolist(), s["latest_left"].tolist()
       (self._next_seq, self._drain_from, self._num_syncs, self._num_added, self._num_replaced,
@@ -471,55 +451,41 @@ def _layout(entries: Sequence[Entry], tp: int, tc: int, pad_id: int,
       versions=np.array([e.version for e in entries], np.int32))
 
 
-# -----------------------------------------------------------------------------
-# Crossing hosts: fixed-width 32-bit arrays (a JAX all-gather keeps them exact)
-# -----------------------------------------------------------------------------
+# --- Crossing hosts: fixed-width 32-bit arrays (a JAX all-gather keeps them exact) --------
 def pack(entries: Sequence[Entry], *, max_prompt_len: int, max_completion_len: int,
          num_rows: int | None = None) -> dict[str, np.ndarray]:
-  """Entries as arrays of `num_rows` rows (default len(entries)), zero padded.
+  """Entries as zero-padded arrays of `num_rows` rows (default len(entries)).
 
   For a padded, size-first all-gather: gather the counts, pack every host's
   entries to the largest count, gather, then `unpack` each host's slice in
-  process order. `count` (a 0-d array) says how many rows are real.
+  process order. Keys: the Entry field names, `prompt_len`, `length`, and
+  `count` (0-d, how many rows are real).
   """
   n = len(entries)
   rows = n if num_rows is None else num_rows
   if rows < n:
     raise ValueError(f"num_rows={rows} < {n} entries")
   _check_fits(entries, max_prompt_len, max_completion_len)
-  out = {"count": np.array(n, np.int32)}
-  for name in ("prompt_ids", "prompt_lens", "lengths", "versions", "searcher_ids",
-               "ended_with_eos"):
-    out[name] = np.zeros(rows, np.int32)
-  out["rewards"] = np.zeros(rows, np.float32)
-  out["prompts"] = np.zeros((rows, max_prompt_len), np.int32)
-  out["completions"] = np.zeros((rows, max_completion_len), np.int32)
-  out["ref_logprobs"] = np.zeros((rows, max_completion_len), np.float32)
-  out["behaviour_logprobs"] = np.zeros((rows, max_completion_len), np.float32)
+  out = {"count": np.array(n, np.int32), "prompt_len": np.zeros(rows, np.int32),
+         "length": np.zeros(rows, np.int32), "prompt": np.zeros((rows, max_prompt_len), np.int32)}
+  out.update({name: np.zeros(rows, dt) for name, dt in _SCALARS})
+  out.update({name: np.zeros((rows, max_completion_len), dt) for name, dt in _PER_TOKEN})
   for i, e in enumerate(entries):
-    out["prompt_ids"][i], out["prompt_lens"][i], out["lengths"][i] = (
-        e.prompt_id, e.prompt.size, e.length)
-    out["versions"][i], out["searcher_ids"][i], out["ended_with_eos"][i] = (
-        e.version, e.searcher_id, e.ended_with_eos)
-    out["rewards"][i] = e.reward
-    out["prompts"][i, :e.prompt.size] = e.prompt
-    out["completions"][i, :e.length] = e.completion
-    out["ref_logprobs"][i, :e.length] = e.ref_logprobs
-    out["behaviour_logprobs"][i, :e.length] = e.behaviour_logprobs
+    out["prompt_len"][i], out["length"][i] = e.prompt.size, e.length
+    out["prompt"][i, :e.prompt.size] = e.prompt
+    for name, _ in _SCALARS:
+      out[name][i] = getattr(e, name)
+    for name, _ in _PER_TOKEN:
+      out[name][i, :e.length] = getattr(e, name)
   return out
 
 
 def unpack(arrays: dict[str, np.ndarray]) -> list[Entry]:
-  """The first `count` rows of a `pack` layout back to entries (copies)."""
+  """The first `count` rows of a `pack` layout back to (validated, copied) entries."""
   a = {k: np.asarray(v) for k, v in arrays.items()}
   out = []
   for i in range(int(a["count"])):
-    length = int(a["lengths"][i])
-    out.append(Entry(
-        prompt_id=int(a["prompt_ids"][i]), prompt=a["prompts"][i, :a["prompt_lens"][i]].copy(),
-        completion=a["completions"][i, :length].copy(), reward=float(a["rewards"][i]),
-        ref_logprobs=a["ref_logprobs"][i, :length].copy(),
-        behaviour_logprobs=a["behaviour_logprobs"][i, :length].copy(),
-        version=int(a["versions"][i]), searcher_id=int(a["searcher_ids"][i]),
-        ended_with_eos=bool(a["ended_with_eos"][i])))
+    fields = {n: a[n][i].item() for n, _ in _SCALARS}
+    fields.update({n: a[n][i, :a["length"][i]] for n, _ in _PER_TOKEN})
+    out.append(_normalized(Entry(prompt=a["prompt"][i, :a["prompt_len"][i]], **fields)))
   return out
