@@ -207,6 +207,19 @@ def test_mark_sync_windows_hold_the_prompts_refreshed_between_syncs():
   assert info["num_latest_fallback"] == 3
 
 
+def test_a_caller_rng_drives_sampling_and_leaves_the_buffer_rng_alone():
+  buf = ReplayBuffer(seed=11)
+  for pid in range(8):
+    fill(buf, pid, 6, rewards=np.linspace(0, 1, 6))
+  own = buf.state_dict()["rng_state"]
+  b1, i1 = buf.sample(3, 4, 0.0, np.random.default_rng(5), reward_weight=0.5, **SIZES)
+  b2, i2 = buf.sample(3, 4, 0.0, np.random.default_rng(5), reward_weight=0.5, **SIZES)
+  assert_same_batch(b1, b2)
+  np.testing.assert_array_equal(buf.state_dict()["rng_state"], own)
+  b3, _ = buf.sample(3, 4, 0.0, np.random.default_rng(6), reward_weight=0.5, **SIZES)
+  assert not np.array_equal(b1.tokens, b3.tokens)
+
+
 # -----------------------------------------------------------------------------
 # Entry draws
 # -----------------------------------------------------------------------------
@@ -394,7 +407,8 @@ def test_state_dict_restores_exactly_and_reproduces_future_samples():
   a.drain_new()
   a.mark_sync()
   a.sample(2, 3, 0.9, reward_weight=0.5, **SIZES)  # advances the latest pool and the RNG
-  fill(a, 14, 2, version=3)  # pending for the next sync, undrained
+  fill(a, 14, 2, version=3, rewards=[2.0, 3.0])  # pending for the next sync, undrained
+  assert a.stats()["num_pending"] == 1 and a.stats()["num_latest_left"] >= 1
   state = copy.deepcopy(a.state_dict())
   assert all(isinstance(v, np.ndarray) and v.size for v in state.values())  # orbax-safe
   b = ReplayBuffer(max_per_prompt=4, max_entries=30, eviction="lowest_reward", seed=123)
