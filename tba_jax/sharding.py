@@ -14,7 +14,6 @@ unsharded, so odd head counts (SmolLM2 has 9 heads) still work.
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import jax
@@ -117,7 +116,3 @@ def cache_sharding(cfg: ModelConfig, mesh: Mesh) -> NamedSharding:
 
 def batch_size_multiple(role: str, mesh: Mesh) -> int:
   return mesh.shape[BATCH_AXIS[role]]
-
-
-def num_bytes(tree) -> int:
-  return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
