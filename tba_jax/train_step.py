@@ -1,10 +1,41 @@
-"""Jitted, sharded VarGrad-TB update on the trainer mesh (see losses.py)."""
+"""Jitted, sharded VarGrad-TB update on the trainer mesh (objectives in losses.py).
+
+One update = forward + backward over a TrainBatch (optionally in micro-batches
+that each hold whole prompt groups), then optax AdamW. Everything runs in one
+jitted program on the trainer mesh: parameters and optimizer moments FSDP-
+sharded (sharding.param_shardings), the batch split over "fsdp", the train
+state donated so its buffers are reused in place.
+
+Precision (the params dtype is whatever `init_state` got; `compute_dtype` is an
+argument of `make_update`):
+- float32 params, compute float32: everything in float32.
+- float32 master weights: float32 params, compute_dtype="bfloat16". The loss
+  casts the params to bfloat16 inside the program, so the forward/backward run
+  in bfloat16 while gradients flow back through the cast as float32; AdamW
+  moments and the weight update are float32 (the paper's bf16 training).
+- bfloat16 params: params stored in bfloat16, compute bfloat16. Moments and the
+  update math are still float32, but each new weight is rounded to bfloat16, so
+  updates below half a bfloat16 ulp of a weight (2^-9 relative) are lost; at
+  lr 1e-5 that is most of them. Half the weight memory, for smoke tests and
+  throughput, not for faithful training.
+
+Loss functions share one signature (`LossFn`) so the same update trains with
+TB (`tb_loss`) or the baselines (`rloo_loss`, `grpo_loss`); their switches are
+keyword-only, bound with functools.partial.
+"""
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from tba_jax import losses, model, sharding
+from tba_jax.model import ModelConfig, Params
 
 
 @jax.tree_util.register_dataclass
@@ -27,3 +58,254 @@ class TrainBatch:
   @property
   def prompt_len(self) -> int:
     return self.tokens.shape[1] - self.completion_mask.shape[1]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+  params: Params             # FSDP-sharded, float32 (master) or bfloat16
+  opt_state: optax.OptState  # float32 moments, sharded like params
+  step: jax.Array            # int32 scalar: updates taken so far
+
+
+# (policy per-token log-probs [N, Tc] float32, batch, beta) -> (loss, scalar metrics)
+LossFn = Callable[[jax.Array, TrainBatch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+# 1-based trainer step u -> beta (losses.linear_beta / losses.constant_beta, bound)
+BetaSchedule = Callable[[jax.Array], jax.Array]
+
+
+# ---------------------------------------------------------------------------
+# Loss functions with the LossFn signature.
+# ---------------------------------------------------------------------------
+def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
+            ratio_clip: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """VarGrad TB on sequence sums over completion_mask (losses.trajectory_balance)."""
+  mask = batch.completion_mask
+  loss, aux = losses.trajectory_balance(
+      losses.masked_sum(token_logprobs, mask), losses.masked_sum(batch.ref_logprobs, mask),
+      batch.rewards, batch.group_ids, beta,
+      behaviour_logprobs=losses.masked_sum(batch.behaviour_logprobs, mask),
+      ratio_clip=ratio_clip)
+  return loss, {"log_z_mean": jnp.mean(aux.log_z), "kl": aux.kl,
+                "ratio_weight_mean": jnp.mean(aux.weights)}
+
+
+def rloo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
+              ratio_clip: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+  mask = batch.completion_mask
+  loss, aux = losses.rloo(
+      losses.masked_sum(token_logprobs, mask), losses.masked_sum(batch.ref_logprobs, mask),
+      batch.rewards, batch.group_ids, beta,
+      behaviour_logprobs=losses.masked_sum(batch.behaviour_logprobs, mask),
+      ratio_clip=ratio_clip)
+  return loss, {"kl": aux.kl, "advantage_abs_mean": jnp.mean(jnp.abs(aux.advantages))}
+
+
+def grpo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
+              clip_eps: float = 0.2) -> tuple[jax.Array, dict[str, jax.Array]]:
+  loss, aux = losses.grpo(token_logprobs, batch.behaviour_logprobs, batch.ref_logprobs,
+                          batch.completion_mask, batch.rewards, batch.group_ids, beta,
+                          clip_eps=clip_eps)
+  return loss, {"kl": aux.kl, "clip_fraction": aux.clip_fraction}
+
+
+# ---------------------------------------------------------------------------
+# Optimizer and learning-rate schedules (optax counts updates from 0).
+# ---------------------------------------------------------------------------
+def warmup_stable_decay(peak_lr: float, warmup_steps: int, stable_steps: int,
+                        decay_steps: int, final_lr: float = 0.0) -> optax.Schedule:
+  """Linear warmup from 0, constant, cosine decay to final_lr, then final_lr.
+
+  Phase LENGTHS, as in transformers' get_wsd_schedule, which the authors' code
+  uses (num_stable_steps / num_decay_steps). The spec's GSM8K "50 / 350 / 600
+  cosine, 700 steps" read as lengths is (50, 350, 600), so the decay would be
+  cut off at its midpoint at step 700; read as boundaries it is (50, 300, 250).
+  The config picks; this function takes lengths.
+  """
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak_lr, warmup_steps),
+       optax.constant_schedule(peak_lr),
+       optax.cosine_decay_schedule(peak_lr, decay_steps, alpha=final_lr / peak_lr if peak_lr else 0.0)],
+      [warmup_steps, warmup_steps + stable_steps])
+
+
+def warmup_linear(peak_lr: float, warmup_steps: int, total_steps: int,
+                  final_lr: float = 0.0) -> optax.Schedule:
+  """Linear warmup from 0, then linear decay to final_lr at total_steps."""
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak_lr, warmup_steps),
+       optax.linear_schedule(peak_lr, final_lr, max(total_steps - warmup_steps, 1))],
+      [warmup_steps])
+
+
+def warmup_cosine(peak_lr: float, warmup_steps: int, total_steps: int,
+                  final_lr: float = 0.0) -> optax.Schedule:
+  """Linear warmup from 0, then cosine decay to final_lr at total_steps."""
+  return optax.warmup_cosine_decay_schedule(0.0, peak_lr, warmup_steps,
+                                            max(total_steps, warmup_steps + 1), final_lr)
+
+
+def make_optimizer(learning_rate: optax.ScalarOrSchedule, weight_decay: float,
+                   max_grad_norm: float | None, b1: float = 0.9, b2: float = 0.999,
+                   eps: float = 1e-8) -> optax.GradientTransformation:
+  """AdamW (decoupled decay on every parameter, as torch.optim.AdamW), with
+  optional clipping of the global gradient norm first."""
+  adamw = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+  if max_grad_norm is None:
+    return adamw
+  return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)
+
+
+# ---------------------------------------------------------------------------
+# State and shardings.
+# ---------------------------------------------------------------------------
+def _float32(tree):
+  return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+
+
+def state_shardings(model_config: ModelConfig, optimizer: optax.GradientTransformation,
+                    mesh: Mesh) -> TrainState:
+  """TrainState of NamedShardings: params and every param-shaped optimizer leaf
+  FSDP-sharded on the trainer mesh, optimizer scalars and the step replicated."""
+  param_sh = sharding.param_shardings(model_config, "trainer", mesh)
+  opt_shapes = jax.eval_shape(lambda p: optimizer.init(_float32(p)),
+                              model.param_shapes(model_config))
+  opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, opt_shapes, param_sh,
+                                 transform_non_params=lambda _: sharding.replicated(mesh))
+  return TrainState(params=param_sh, opt_state=opt_sh, step=sharding.replicated(mesh))
+
+
+def batch_shardings(mesh: Mesh) -> TrainBatch:
+  """Rows over the trainer's "fsdp" axis (N must be a multiple of its size)."""
+  two, one = sharding.batch_sharding("trainer", mesh, 2), sharding.batch_sharding("trainer", mesh, 1)
+  return TrainBatch(tokens=two, attention_mask=two, completion_mask=two, ref_logprobs=two,
+                    behaviour_logprobs=two, rewards=one, group_ids=one, versions=one)
+
+
+def init_state(params: Params, optimizer: optax.GradientTransformation,
+               shardings: TrainState) -> TrainState:
+  """A fresh TrainState on `shardings` (from state_shardings); step 0.
+
+  The params are copied, so the caller's arrays survive the donation of the
+  state by the first update. Optimizer moments are float32 even for bfloat16
+  params (module docstring).
+  """
+  params = jax.device_put(params, shardings.params)
+
+  def init(params):
+    return TrainState(params=jax.tree.map(jnp.copy, params),
+                      opt_state=optimizer.init(_float32(params)),
+                      step=jnp.zeros((), jnp.int32))
+
+  return jax.jit(init, out_shardings=shardings)(params)
+
+
+# ---------------------------------------------------------------------------
+# The update.
+# ---------------------------------------------------------------------------
+def completion_token_logprobs(model_config: ModelConfig, params: Params, tokens: jax.Array,
+                              attention_mask: jax.Array, completion_len: int,
+                              temperature: float, remat: bool = False) -> jax.Array:
+  """Per-token log-probs [N, Tc] (float32, tempered) of the completion columns.
+
+  Only hidden[:, Tp-1:-1], the states that predict the completion tokens, are
+  unembedded: prompt logits ([N, Tp, V], the largest activation) never exist.
+  """
+  prompt_len = tokens.shape[1] - completion_len
+  positions = model.positions_from_mask(attention_mask)
+  hidden, _ = model.forward(model_config, params, tokens, positions, attention_mask,
+                            remat=remat)
+  logits = model.unembed(model_config, params, hidden[:, prompt_len - 1:-1])
+  return losses.token_logprobs(logits, tokens[:, prompt_len:], temperature)
+
+
+def _group_sorted_microbatches(batch: TrainBatch, num_microbatches: int,
+                               mesh: Mesh) -> TrainBatch:
+  """Leaves [M, N/M, ...]: rows stably sorted by prompt group, then cut in M.
+
+  Sorting makes each group contiguous whatever the input layout, so with
+  equal group sizes R and P divisible by M every micro-batch holds whole
+  groups (log Z is a per-group mean: a split group would get two wrong
+  halves). Unequal group sizes must be arranged by the caller.
+  """
+  order = jnp.argsort(losses.group_index(batch.group_ids), stable=True)
+
+  def cut(x):
+    x = x[order].reshape(num_microbatches, x.shape[0] // num_microbatches, *x.shape[1:])
+    # [N, ...] -> [M, N/M, ...]: keep each micro-batch's rows spread over "fsdp".
+    spec = P(None, sharding.BATCH_AXIS["trainer"], *([None] * (x.ndim - 2)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+  return jax.tree.map(cut, batch)
+
+
+def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformation,
+                loss_fn: LossFn, beta_schedule: BetaSchedule, mesh: Mesh, *,
+                temperature: float, compute_dtype: str = "float32",
+                num_microbatches: int = 1, remat: bool = False
+                ) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict[str, jax.Array]]]:
+  """The jitted `update(state, batch) -> (state, metrics)` on the trainer `mesh`.
+
+  The state is donated (do not use it after the call). beta for the update
+  that takes the state from step s to s + 1 is beta_schedule(s + 1): the
+  authors count trainer steps from 1. Rows N must split into `num_microbatches`
+  equal micro-batches of whole groups (see _group_sorted_microbatches) whose
+  size is a multiple of the "fsdp" axis. Gradients are averaged over
+  micro-batches, which equals the big-batch gradient because every loss here
+  is a mean over sequences. Compiles once per batch shape.
+
+  metrics (replicated scalars): loss, grad_norm (before clipping), beta,
+  reward_mean, num_tokens (real prompt + completion tokens: tokens/s is
+  num_tokens over the caller's wall time of the step), completion_tokens, and
+  the loss function's own (TB: log_z_mean, kl, ratio_weight_mean).
+  """
+  compute_config = model_config.replace(dtype=compute_dtype)
+  state_sh = state_shardings(model_config, optimizer, mesh)
+
+  def objective(params, batch, beta):
+    # Master weights: the cast is part of the differentiated function, so the
+    # gradient w.r.t. float32 params comes back in float32.
+    params = jax.tree.map(lambda p: p.astype(compute_config.jnp_dtype), params)
+    token_lp = completion_token_logprobs(compute_config, params, batch.tokens,
+                                         batch.attention_mask, batch.completion_mask.shape[1],
+                                         temperature, remat)
+    return loss_fn(token_lp, batch, beta)
+
+  grad_fn = jax.value_and_grad(objective, has_aux=True)
+
+  def update(state: TrainState, batch: TrainBatch):
+    beta = beta_schedule(state.step + 1)
+    if num_microbatches == 1:
+      (loss, aux), grads = grad_fn(state.params, batch, beta)
+      grads = _float32(grads)
+    else:
+      micro = _group_sorted_microbatches(batch, num_microbatches, mesh)
+
+      def accumulate(grad_sum, micro_batch):
+        (loss, aux), grads = grad_fn(state.params, micro_batch, beta)
+        grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
+        grad_sum = jax.lax.with_sharding_constraint(grad_sum, state_sh.params)
+        return grad_sum, (loss, aux)
+
+      zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+      grad_sum, (loss, aux) = jax.lax.scan(accumulate, zeros, micro)
+      grads = jax.tree.map(lambda g: g / num_microbatches, grad_sum)
+      loss, aux = jnp.mean(loss), jax.tree.map(jnp.mean, aux)
+
+    # Optimizer math in float32 whatever the params dtype; bfloat16 params are
+    # rounded once, when the new weights are stored.
+    params32 = _float32(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, params32)
+    params = jax.tree.map(lambda p, p32, u: (p32 + u).astype(p.dtype),
+                          state.params, params32, updates)
+    metrics = {
+        "loss": loss, "grad_norm": optax.global_norm(grads), "beta": beta,
+        "reward_mean": jnp.mean(batch.rewards),
+        "num_tokens": jnp.sum(batch.attention_mask),
+        "completion_tokens": jnp.sum(batch.completion_mask),
+        **aux,
+    }
+    return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+
+  return jax.jit(update, in_shardings=(state_sh, batch_shardings(mesh)),
+                 out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=0)

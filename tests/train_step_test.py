@@ -1,0 +1,270 @@
+"""The sharded update: gradient identity, accumulation, sharding, learning, compiles."""
+import collections
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from tba_jax import losses, model, sharding
+from tba_jax import train_step as ts
+
+TP, TC, TEMPERATURE = 6, 8, 0.7
+BETA = 0.5
+# Updates with the linear schedule see beta = 0.5, 0.4, 0.1, 0.1, ... (u = 1, 2, 3, 4).
+SCHEDULES = {
+    "constant": functools.partial(losses.constant_beta, beta=BETA),
+    "linear": functools.partial(losses.linear_beta, beta_init=BETA, beta_final=0.1,
+                                anneal_steps=4, stop_step=3),
+}
+
+
+def np_params(cfg, seed):
+  return jax.tree.map(np.asarray, model.init_params(cfg, seed))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def token_logprobs(cfg, params, batch):
+  return ts.completion_token_logprobs(cfg, params, batch.tokens, batch.attention_mask, TC,
+                                      TEMPERATURE)
+
+
+def make_batch(cfg, seed, group_ids, ref_params, policy_params=None, rewards=None):
+  """Left-padded prompts, right-padded completions of random lengths; reference
+  (and, when given, behaviour) log-probs computed by the model as a searcher would."""
+  rng = np.random.default_rng(seed)
+  n = len(group_ids)
+  tokens = rng.integers(1, cfg.vocab_size, (n, TP + TC)).astype(np.int32)
+  prompt_lens = rng.integers(2, TP + 1, n)
+  completion_lens = rng.integers(2, TC + 1, n)
+  cols = np.arange(TP + TC)[None]
+  attention = ((cols >= TP - prompt_lens[:, None]) & (cols < TP + completion_lens[:, None]))
+  tokens = np.where(attention, tokens, 0).astype(np.int32)
+  completion_mask = (np.arange(TC)[None] < completion_lens[:, None]).astype(np.float32)
+  if rewards is None:
+    rewards = rng.integers(0, 2, n).astype(np.float32)
+  batch = ts.TrainBatch(
+      tokens=tokens, attention_mask=attention.astype(np.int32), completion_mask=completion_mask,
+      ref_logprobs=np.zeros((n, TC), np.float32), behaviour_logprobs=np.zeros((n, TC), np.float32),
+      rewards=np.asarray(rewards, np.float32), group_ids=np.asarray(group_ids, np.int32),
+      versions=np.zeros(n, np.int32))
+  ref = np.asarray(token_logprobs(cfg, ref_params, batch)) * completion_mask
+  behaviour = ref if policy_params is None else (
+      np.asarray(token_logprobs(cfg, policy_params, batch)) * completion_mask)
+  return ts.TrainBatch(**{**vars(batch), "ref_logprobs": ref, "behaviour_logprobs": behaviour})
+
+
+def permute(batch, perm):
+  return jax.tree.map(lambda x: np.asarray(x)[perm], batch)
+
+
+def equal_groups(num_prompts, samples, seed):
+  """Ids [P*R] with non-contiguous values, rows shuffled (no group contiguous)."""
+  ids = np.repeat(np.arange(num_prompts) * 7 + 3, samples)
+  return np.random.default_rng(seed).permutation(ids)
+
+
+def mesh_of(num_devices):
+  return sharding.make_mesh("trainer", jax.devices()[:num_devices])
+
+
+_UPDATES = {}
+TRACES = collections.Counter()  # traces of each cached update's loss function
+
+
+def cached_update(cfg, optimizer_name, num_devices, num_microbatches=1, remat=False,
+                  loss_fn=ts.tb_loss, schedule="linear"):
+  """Compiled updates shared between tests (each compile costs seconds on CPU)."""
+  key = (cfg, optimizer_name, num_devices, num_microbatches, remat, loss_fn, schedule)
+  if key not in _UPDATES:
+    # SGD(1): the parameter change IS minus the gradient, for exact comparisons
+    # (a smaller step would drown in the rounding of params ~1 in float32).
+    # AdamW: the tiny model's loss is sharp, hence the small learning rate.
+    optimizer = {"sgd": optax.sgd(1.0),
+                 "adamw": ts.make_optimizer(3e-5, weight_decay=0.01, max_grad_norm=1.0)
+                 }[optimizer_name]
+
+    def counted_loss(token_lp, batch, beta):
+      TRACES[key] += 1
+      return loss_fn(token_lp, batch, beta)
+
+    mesh = mesh_of(num_devices)
+    update = ts.make_update(cfg, optimizer, counted_loss, SCHEDULES[schedule], mesh,
+                            temperature=TEMPERATURE, num_microbatches=num_microbatches,
+                            remat=remat)
+    _UPDATES[key] = (update, optimizer, ts.state_shardings(cfg, optimizer, mesh))
+  return _UPDATES[key]
+
+
+def run(cfg, params, batches, optimizer_name="sgd", num_devices=4, **kw):
+  """(final params as NumPy, per-step metrics) from a fresh state at `params`."""
+  update, optimizer, shardings = cached_update(cfg, optimizer_name, num_devices, **kw)
+  state = ts.init_state(params, optimizer, shardings)
+  history = []
+  for batch in batches:
+    state, metrics = update(state, batch)
+    history.append(jax.tree.map(float, metrics))
+  return jax.tree.map(np.asarray, state.params), history
+
+
+def assert_same_change(a, b, start, rel):
+  """Parameter changes a - start and b - start agree to rel * max |b - start|."""
+  delta_a = jax.tree.map(lambda x, s: x.astype(np.float64) - s, a, start)
+  delta_b = jax.tree.map(lambda x, s: x.astype(np.float64) - s, b, start)
+  scale = max(float(np.max(np.abs(d))) for d in jax.tree.leaves(delta_b))
+  assert scale > 1e-6  # the update moved the parameters
+  worst = max(float(np.max(np.abs(x - y)))
+              for x, y in zip(jax.tree.leaves(delta_a), jax.tree.leaves(delta_b)))
+  assert worst <= rel * scale, (worst, scale)
+
+
+# ---------------------------------------------------------------------------
+def test_tb_gradient_equals_kl_penalised_reinforce(tiny_cfg):
+  """Paper appendix A: grad L_TB = -(2/(beta N)) grad sum_j sg(A_j) log pi(y_j)."""
+  params, ref_params = np_params(tiny_cfg, 0), np_params(tiny_cfg, 1)
+  ids = np.random.default_rng(0).permutation(np.repeat([9, 2, 40, 5], [1, 3, 5, 7]))
+  batch = make_batch(tiny_cfg, 0, ids, ref_params)
+  n, beta = len(ids), 0.3
+
+  def seq_logprobs(p):
+    return losses.masked_sum(token_logprobs(tiny_cfg, p, batch), batch.completion_mask)
+
+  # A_j in NumPy: KL-penalised reward minus its per-prompt mean, at these params.
+  lp = np.asarray(seq_logprobs(params), np.float64)
+  shaped = batch.rewards - beta * (lp - batch.ref_logprobs.sum(1))
+  adv = (shaped - np.array([shaped[ids == g].mean() for g in ids])).astype(np.float32)
+
+  @jax.jit
+  def both_gradients(p):
+    tb = jax.grad(lambda p: ts.tb_loss(token_logprobs(tiny_cfg, p, batch), batch,
+                                       jnp.float32(beta))[0])(p)
+    pg = jax.grad(lambda p: jnp.sum(adv * seq_logprobs(p)))(p)
+    return tb, pg
+
+  tb_grad, pg_grad = both_gradients(params)
+  scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(tb_grad))
+  assert scale > 1e-2  # a real gradient, not zeros
+  for got, pg in zip(jax.tree.leaves(tb_grad), jax.tree.leaves(pg_grad)):
+    np.testing.assert_allclose(got, -2.0 / (beta * n) * np.asarray(pg), rtol=0, atol=1e-5 * scale)
+
+
+def test_microbatch_accumulation_equals_big_batch(tiny_cfg):
+  params = np_params(tiny_cfg, 0)
+  ids = equal_groups(4, 4, seed=1)  # shuffled: a plain cut in two would split groups
+  batch = make_batch(tiny_cfg, 1, ids, np_params(tiny_cfg, 1))
+  big, [m_big] = run(tiny_cfg, params, [batch])
+  micro, [m_micro] = run(tiny_cfg, params, [batch], num_microbatches=2, remat=True)
+  assert_same_change(micro, big, params, 1e-6)  # SGD: the change is -lr * gradient
+  for key in ("loss", "grad_norm", "log_z_mean", "kl", "reward_mean", "num_tokens"):
+    np.testing.assert_allclose(m_micro[key], m_big[key], rtol=1e-6, err_msg=key)
+
+
+def test_update_is_invariant_to_row_order(tiny_cfg):
+  params = np_params(tiny_cfg, 0)
+  batch = make_batch(tiny_cfg, 2, equal_groups(4, 4, seed=2), np_params(tiny_cfg, 1))
+  shuffled = permute(batch, np.random.default_rng(3).permutation(16))
+  a, [ma] = run(tiny_cfg, params, [batch])
+  b, [mb] = run(tiny_cfg, params, [shuffled])
+  np.testing.assert_allclose(ma["loss"], mb["loss"], rtol=1e-6)
+  assert_same_change(a, b, params, 1e-6)
+
+
+def test_sharded_update_equals_single_device(tiny_cfg):
+  params = np_params(tiny_cfg, 0)
+  batch = make_batch(tiny_cfg, 4, equal_groups(4, 4, seed=4), np_params(tiny_cfg, 1))
+  one, [m1] = run(tiny_cfg, params, [batch], num_devices=1)
+  four, [m4] = run(tiny_cfg, params, [batch], num_devices=4)
+  # Sharded reductions sum in a different order: float32 round-off only.
+  assert_same_change(four, one, params, 1e-5)
+  for key in ("loss", "grad_norm", "log_z_mean", "kl"):
+    np.testing.assert_allclose(m1[key], m4[key], rtol=1e-5, err_msg=key)
+
+
+def favour_one_per_prompt(ids):
+  """Reward 1 for the first row of each prompt, 0 elsewhere; and those rows."""
+  favoured = np.array([np.flatnonzero(ids == g)[0] for g in np.unique(ids)])
+  rewards = np.zeros(len(ids), np.float32)
+  rewards[favoured] = 1.0
+  return rewards, favoured
+
+
+def test_loss_decreases_and_rewarded_completion_gains_probability(tiny_cfg):
+  params = np_params(tiny_cfg, 0)
+  ids = equal_groups(4, 4, seed=6)
+  rewards, favoured = favour_one_per_prompt(ids)
+  batch = make_batch(tiny_cfg, 6, ids, params, rewards=rewards)  # reference = initial policy
+
+  def seq_lp(p):
+    return np.asarray(losses.masked_sum(token_logprobs(tiny_cfg, p, batch), batch.completion_mask))
+
+  after, history = run(tiny_cfg, params, [batch] * 5, optimizer_name="adamw",
+                       schedule="constant")
+  seen = [m["loss"] for m in history]
+  assert all(b < a for a, b in zip(seen, seen[1:])), seen
+  assert seen[-1] < 0.25 * seen[0], seen
+  gain = seq_lp(after) - seq_lp(params)
+  others = np.setdiff1d(np.arange(len(ids)), favoured)
+  assert gain[favoured].min() > 0.5, gain[favoured]
+  assert gain[favoured].min() > gain[others].max(), gain
+  # The AdamW moments live on the same FSDP sharding as the parameters.
+  _, optimizer, shardings = cached_update(tiny_cfg, "adamw", 4, schedule="constant")
+  state = ts.init_state(params, optimizer, shardings)
+  mu = state.opt_state[1][0].mu  # chain(clip, adamw(scale_by_adam, ...))
+  spec = state.params["layers"]["mlp"]["up"].sharding.spec
+  assert spec == sharding.P(None, "fsdp", None)
+  assert mu["layers"]["mlp"]["up"].sharding.spec == spec
+
+
+def test_update_compiles_once_for_fixed_batch_shape(tiny_cfg):
+  params = np_params(tiny_cfg, 0)
+  update, optimizer, shardings = cached_update(tiny_cfg, "sgd", 4)
+  state = ts.init_state(params, optimizer, shardings)
+  betas = []
+  for seed in range(4):  # new values every step, beta changes every step
+    batch = make_batch(tiny_cfg, 10 + seed, equal_groups(4, 4, seed), params)
+    state, metrics = update(state, batch)
+    betas.append(float(metrics["beta"]))
+  np.testing.assert_allclose(betas, [0.5, 0.4, 0.1, 0.1], rtol=1e-6)
+  assert int(state.step) == 4
+  assert TRACES[(tiny_cfg, "sgd", 4, 1, False, ts.tb_loss, "linear")] == 1
+
+
+@pytest.mark.parametrize("loss_fn", [ts.rloo_loss, ts.grpo_loss])
+def test_baselines_train_through_the_same_update(tiny_cfg, loss_fn):
+  params = np_params(tiny_cfg, 0)
+  ids = equal_groups(4, 4, seed=7)
+  rewards, favoured = favour_one_per_prompt(ids)
+  batch = make_batch(tiny_cfg, 7, ids, params, policy_params=params, rewards=rewards)
+  new, history = run(tiny_cfg, params, [batch] * 3, optimizer_name="adamw", loss_fn=loss_fn,
+                     schedule="constant")
+  assert all(np.isfinite(m["loss"]) and m["grad_norm"] > 0 for m in history)
+  seq = lambda p: np.asarray(losses.masked_sum(token_logprobs(tiny_cfg, p, batch),
+                                               batch.completion_mask))
+  gain = seq(new) - seq(params)
+  others = np.setdiff1d(np.arange(len(ids)), favoured)
+  assert gain[favoured].min() > gain[others].max(), gain
+
+
+def test_precision_modes(tiny_cfg):
+  """Master weights stay float32 under bfloat16 compute; bfloat16 params stay
+  bfloat16 with float32 moments; both track the float32 loss."""
+  params = np_params(tiny_cfg, 0)
+  batch = make_batch(tiny_cfg, 8, equal_groups(4, 4, seed=8), np_params(tiny_cfg, 1))
+  _, [reference] = run(tiny_cfg, params, [batch])  # float32; beta(u=1) = BETA
+  optimizer = ts.make_optimizer(1e-3, weight_decay=0.0, max_grad_norm=None)
+  mesh = mesh_of(4)
+  for param_dtype in ("float32", "bfloat16"):
+    cfg = tiny_cfg.replace(dtype=param_dtype)
+    start = jax.tree.map(lambda x: jnp.asarray(x, cfg.jnp_dtype), params)
+    update = ts.make_update(cfg, optimizer, ts.tb_loss, SCHEDULES["constant"], mesh,
+                            temperature=TEMPERATURE, compute_dtype="bfloat16")
+    state = ts.init_state(start, optimizer, ts.state_shardings(cfg, optimizer, mesh))
+    state, metrics = update(state, batch)
+    assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(param_dtype)}
+    assert {x.dtype for x in jax.tree.leaves(state.opt_state[0].mu)} == {jnp.dtype("float32")}
+    assert float(metrics["loss"]) == pytest.approx(reference["loss"], rel=0.05)
+    moved = jax.tree.map(lambda a, b: np.mean(np.asarray(a, np.float32) != b), state.params, start)
+    assert max(jax.tree.leaves(moved)) > 0.5  # lr 1e-3 is visible even in bfloat16
