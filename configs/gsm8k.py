@@ -59,6 +59,7 @@ def _base() -> ml_collections.ConfigDict:
       arithmetic=dict(ops="+*", low=2, high=9, test_fraction=0.25, seed=0),
   )
   c.mesh = dict(
+      num_devices=0,          # of this host's devices to use (0 = all)
       num_trainer_devices=1,  # of this host's devices; the rest are searchers (1 device: shared)
       num_searchers=1,        # searcher threads per host, each with its own slice of devices
       trainer_tensor=1,       # tensor-parallel degree of the trainer mesh (rest is FSDP)
@@ -86,9 +87,9 @@ def _base() -> ml_collections.ConfigDict:
   c.optim = dict(
       learning_rate=1e-5,
       schedule="wsd",        # "wsd" (warmup-stable-decay), "linear", "cosine", "constant"
-      warmup_steps=50,
-      stable_steps=350,      # wsd: constant until this step
-      decay_steps=600,       # wsd / cosine: decayed by this step (then held)
+      warmup_steps=50,       # phase lengths, as the authors' transformers WSD schedule:
+      stable_steps=350,      # 50 warmup, 350 constant, then cosine over 600 steps (cut
+      decay_steps=600,       # off at step 700, as in the paper's run)
       weight_decay=0.0,
       b1=0.9,
       b2=0.999,

@@ -8,7 +8,7 @@ r"""TBA post-training on GSM8K-format math. The recipes are in configs/gsm8k.py.
 
 Rerunning with the same --workdir resumes from the newest checkpoint there.
 """
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/gsm8k.py:cpu", "Experiment config.",
@@ -24,6 +24,7 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index.")
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
   # Multi-host start-up must come before anything touches the devices.
   from tba_jax import distributed
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)

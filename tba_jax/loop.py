@@ -1,0 +1,455 @@
+"""The TBA runtime: searchers and a trainer on separate device slices.
+
+  run(config, workdir, task=None)
+
+Searcher threads sample completions with a lagging copy of the policy and put
+scored, version-stamped entries in their local buffers. The trainer draws
+batches from the global replay buffer (the m rule) and never waits for a
+rollout except to pre-fill. Every k steps it publishes its weights to the
+searchers (asynchronous copy; a searcher picks them up at its next batch) and
+merges the searchers' new entries into the global buffer.
+
+sync.mode = "alternate" runs the roles one after the other (search a round,
+then k steps): what one device does, and with k=1, m=1, S=K and no reuse,
+exactly synchronous on-policy training.
+
+Staleness enters at two places, both measured: a sample's version is the
+mailbox version its searcher read at the start of its batch, and the trainer
+reports (its params version - sample version) for every trained sample.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import signal
+import threading
+import time
+
+import jax
+import numpy as np
+import tqdm
+
+from tba_jax import checkpoints, distributed, losses, sharding, train_step, weight_sync
+from tba_jax import tokenizer as tokenizer_lib
+from tba_jax.checkpoint import Checkpointer
+from tba_jax.evaluation import Evaluator
+from tba_jax.metrics import MetricsWriter
+from tba_jax.model import ModelConfig, init_params
+from tba_jax.replay_buffer import ReplayBuffer
+from tba_jax.sampler import Sampler
+from tba_jax.searcher import PromptStream, Searcher
+from tba_jax.tasks import Task, arithmetic, gsm8k
+
+
+class SearcherError(RuntimeError):
+  pass
+
+
+# ---------------------------------------------------------------------------
+# Building blocks read from the config.
+# ---------------------------------------------------------------------------
+def _devices(mesh_cfg, mode: str):
+  """(trainer mesh spanning all processes, [searcher mesh per local searcher], mode)."""
+  local = jax.local_devices()[:mesh_cfg.num_devices or None]
+  if len(local) == 1:
+    # One device: the roles share it and take turns.
+    mesh = sharding.make_mesh("trainer", local)
+    return mesh, [sharding.make_mesh("searcher", local)], "alternate"
+  n = mesh_cfg.num_trainer_devices
+  _, searcher_local = sharding.split_devices(local, n)
+  if len(searcher_local) % mesh_cfg.num_searchers:
+    raise ValueError(f"{len(searcher_local)} searcher devices do not split into "
+                     f"mesh.num_searchers={mesh_cfg.num_searchers} equal groups")
+  per = len(searcher_local) // mesh_cfg.num_searchers
+  searchers = [sharding.make_mesh("searcher", searcher_local[i * per:(i + 1) * per],
+                                  mesh_cfg.searcher_tensor) for i in range(mesh_cfg.num_searchers)]
+  # The trainer mesh takes the first n devices of every process.
+  trainer = [d for p in range(jax.process_count())
+             for d in [d for d in jax.devices() if d.process_index == p][:n]]
+  return sharding.make_mesh("trainer", trainer, mesh_cfg.trainer_tensor), searchers, mode
+
+
+def _load_model(model_cfg, tokenizer, dtype: str, trainer_mesh, seed: int):
+  """(ModelConfig, params on the trainer mesh)."""
+  if model_cfg.path == "random":
+    cfg = ModelConfig(**model_cfg.random.to_dict(), dtype=dtype)
+    if cfg.vocab_size < tokenizer.vocab_size:
+      raise ValueError(f"model.random.vocab_size={cfg.vocab_size} < the tokenizer's "
+                       f"{tokenizer.vocab_size} tokens")
+    return cfg, init_params(cfg, seed, sharding.param_shardings(cfg, "trainer", trainer_mesh))
+  return checkpoints.load(_model_path(model_cfg.path), dtype, mesh=trainer_mesh, role="trainer")
+
+
+def _model_path(path: str) -> str:
+  if not path:
+    raise ValueError("config.model.path is empty: give a HF directory, hub id, .gguf file, "
+                     "'smollm2' or 'random'")
+  return checkpoints.smollm2_gguf_path() if path == "smollm2" else path
+
+
+def _tokenizer(model_cfg):
+  return tokenizer_lib.load(model_cfg.tokenizer or _model_path(model_cfg.path))
+
+
+def build_task(task_cfg, tokenizer) -> Task:
+  if task_cfg.name == "gsm8k":
+    path = task_cfg.data_path or None
+    train, test = gsm8k.load("train", path), gsm8k.load("test", path)
+  elif task_cfg.name == "arithmetic":
+    a = task_cfg.arithmetic
+    train, test = arithmetic.make_problems(a.ops, a.low, a.high, seed=a.seed,
+                                           test_fraction=a.test_fraction)
+  else:
+    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, arithmetic)")
+  if task_cfg.num_train_problems:
+    train = train[:task_cfg.num_train_problems]
+  style, suffix = task_cfg.prompt_style, task_cfg.question_suffix
+  if style in ("paper", "chat"):
+    prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer)
+  else:
+    prompt = lambda p: style.format(question=p.question + suffix)
+  return Task(train=train, test=test, prompt=prompt, reward=gsm8k.reward)
+
+
+def _encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, list[int]]:
+  out = {}
+  for p in problems:
+    ids = tokenizer.encode(task.prompt(p))
+    if len(ids) > max_len:
+      raise ValueError(f"problem {p.id}: prompt of {len(ids)} tokens exceeds "
+                       f"task.max_prompt_len={max_len}")
+    out[p.id] = ids
+  return out
+
+
+def _loss_fn(loss_cfg):
+  clip = loss_cfg.ratio_clip or None
+  if loss_cfg.name == "tb":
+    return functools.partial(train_step.tb_loss, ratio_clip=clip)
+  if loss_cfg.name == "rloo":
+    return functools.partial(train_step.rloo_loss, ratio_clip=clip)
+  if loss_cfg.name == "grpo":
+    return functools.partial(train_step.grpo_loss, clip_eps=loss_cfg.ratio_clip or 0.2)
+  raise ValueError(f"unknown loss.name {loss_cfg.name!r} (tb, rloo, grpo)")
+
+
+def _beta_schedule(loss_cfg):
+  if loss_cfg.name != "tb":  # the baselines' KL coefficient
+    return functools.partial(losses.constant_beta, beta=loss_cfg.kl_coef)
+  return functools.partial(losses.linear_beta, beta_init=loss_cfg.beta_start,
+                           beta_final=loss_cfg.beta_end, anneal_steps=loss_cfg.beta_anneal_steps,
+                           stop_step=loss_cfg.beta_switch_step)
+
+
+def _lr_schedule(o, num_steps: int):
+  if o.schedule == "wsd":
+    return train_step.warmup_stable_decay(o.learning_rate, o.warmup_steps, o.stable_steps,
+                                          o.decay_steps)
+  if o.schedule == "linear":
+    return train_step.warmup_linear(o.learning_rate, o.warmup_steps, num_steps)
+  if o.schedule == "cosine":
+    return train_step.warmup_cosine(o.learning_rate, o.warmup_steps, o.decay_steps or num_steps)
+  if o.schedule == "constant":
+    return lambda step: o.learning_rate
+  raise ValueError(f"unknown optim.schedule {o.schedule!r} (wsd, linear, cosine, constant)")
+
+
+@dataclasses.dataclass
+class _Clock:
+  """Trainer busy / waiting time, for the idle fractions."""
+  busy: float = 0.0
+  waiting: float = 0.0
+  sync: float = 0.0
+
+
+# ---------------------------------------------------------------------------
+# The run.
+# ---------------------------------------------------------------------------
+def run(config, workdir: str, task: Task | None = None) -> dict:
+  """Trains per `config` in `workdir` (resuming from its newest checkpoint)."""
+  c = config
+  os.makedirs(workdir, exist_ok=True)
+  config_dict = c.to_dict()
+  is_main = jax.process_index() == 0
+
+  # ----- Devices, model, task -----------------------------------------------
+  trainer_mesh, searcher_meshes, mode = _devices(c.mesh, c.sync.mode)
+  tokenizer = _tokenizer(c.model)
+  task = task or build_task(c.task, tokenizer)
+  master32 = c.optim.master_weights_fp32 and c.model.dtype == "bfloat16"
+  model_cfg, params = _load_model(c.model, tokenizer, "float32" if master32 else c.model.dtype,
+                                  trainer_mesh, c.seed)
+  # Ids are per split (the replay buffer's prompt ids are train ids).
+  prompt_tokens = _encode_prompts(task.train, task, tokenizer, c.task.max_prompt_len)
+  tp, tc = c.task.max_prompt_len, c.sampler.max_new_tokens
+  searcher_dtype = c.sync.weights_dtype or c.model.dtype
+  searcher_shardings = [sharding.param_shardings(model_cfg, "searcher", m) for m in searcher_meshes]
+  publish = lambda p, i: weight_sync.publish(p, searcher_shardings[i], dtype=searcher_dtype,
+                                             trainer_mesh=trainer_mesh)
+
+  # ----- Trainer --------------------------------------------------------------
+  o = c.optim
+  lr = _lr_schedule(o, c.num_train_steps)
+  optimizer = train_step.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None, o.b1, o.b2)
+  state = train_step.init_state(params, optimizer,
+                                train_step.state_shardings(model_cfg, optimizer, trainer_mesh))
+  del params
+  update = train_step.make_update(
+      model_cfg, optimizer, _loss_fn(c.loss), _beta_schedule(c.loss), trainer_mesh,
+      temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
+      num_microbatches=o.num_microbatches, remat=c.model.remat)
+  batch_sharding = train_step.batch_shardings(trainer_mesh)
+  global_buffer = ReplayBuffer(c.buffer.max_per_prompt, c.buffer.max_entries or None,
+                               c.buffer.eviction, seed=c.seed)
+
+  # ----- Searchers --------------------------------------------------------------
+  s = c.sampler
+  train_ids = [p.id for p in task.train]
+  golds = {p.id: p.gold for p in task.train}
+  num_shards = len(searcher_meshes) * jax.process_count()
+  searchers = []
+  for i, mesh in enumerate(searcher_meshes):
+    shard = i + len(searcher_meshes) * jax.process_index()  # this searcher's global index
+    sampler = Sampler(model_cfg, max_new_tokens=tc, temperature=s.temperature, top_k=s.top_k,
+                      top_p=s.top_p, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
+                      mesh=mesh)
+    first = publish(state.params, i)
+    searchers.append(Searcher(
+        shard, model_config=model_cfg, sampler=sampler, mesh=mesh, ref_params=first,
+        mailbox=weight_sync.Mailbox(0, first), stream=PromptStream(train_ids[shard::num_shards],
+                                                                   seed=c.seed + shard),
+        prompt_tokens=prompt_tokens, golds=golds, decode=tokenizer.decode, reward=task.reward,
+        num_prompts=s.num_prompts_per_batch, num_samples=s.num_samples_per_prompt,
+        max_prompt_len=tp, temperature=s.temperature, pad_id=tokenizer.pad_id, seed=c.seed))
+
+  e = c.eval
+  eval_problems = task.test[:e.num_problems] if e.num_problems else task.test
+  eval_mesh = searcher_meshes[0]
+  make_eval_sampler = lambda **kw: Sampler(
+      model_cfg, max_new_tokens=e.max_new_tokens, eos_ids=tokenizer.eos_ids,
+      pad_id=tokenizer.pad_id, mesh=eval_mesh, **kw)
+  evaluator = Evaluator(
+      problems=eval_problems,
+      prompt_tokens=list(_encode_prompts(eval_problems, task, tokenizer, tp).values()),
+      decode=tokenizer.decode, reward=task.reward, batch_size=e.batch_size,
+      greedy=make_eval_sampler(greedy=True) if e.greedy else None,
+      sampled=make_eval_sampler(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+      if e.num_samples else None, num_samples=e.num_samples, progress=is_main)
+  evaluate = lambda step: evaluator(publish(state.params, 0),
+                                    jax.random.fold_in(jax.random.key(c.seed + 1), step))
+
+  # ----- Resume -------------------------------------------------------------------
+  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), c.checkpoint.max_to_keep)
+  restored = checkpointer.restore(jax.tree.map(_abstract, state), config_dict)
+  start_step = 0
+  if restored is not None:
+    start_step, state, buffer_state, meta = restored
+    global_buffer.load_state_dict(buffer_state)
+    for searcher, st in zip(searchers, meta["searchers"][jax.process_index()]):
+      searcher.load_state_dict(st)
+    for i, searcher in enumerate(searchers):
+      searcher.mailbox.put(start_step, publish(state.params, i))
+    print(f"Resumed from step {start_step} ({len(global_buffer)} buffer entries).")
+
+  def save(step):
+    # Every process takes part: orbax writes the global arrays collectively.
+    states = [sr.state_dict() for sr in searchers]
+    searcher_states = _gather_json(states) if jax.process_count() > 1 else [states]
+    checkpointer.save(step, state, global_buffer.state_dict(),
+                      {"step": step, "searchers": searcher_states}, config_dict)
+
+  metrics_writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard,
+                                 wandb_project=c.log.wandb_project or None,
+                                 config_dict=config_dict, enabled=is_main)
+  stop = threading.Event()
+  terminated = threading.Event()
+  previous_handler = _install_sigterm(terminated)
+  clock = _Clock()
+  threads = []
+
+  def merge():
+    """Searchers' new entries into the global buffer (same order on every host)."""
+    new = [entry for sr in searchers for entry in sr.buffer.drain_new()]
+    new = distributed.all_gather_entries(new, max_prompt_len=tp, max_completion_len=tc)
+    global_buffer.add_many(new)
+    return len(new)
+
+  def check_searchers():
+    failed = [sr for sr in searchers if sr.error is not None]
+    if distributed.broadcast_flag(bool(failed)):
+      save(int(state.step))
+      raise SearcherError(
+          "a searcher failed; the run stopped after saving a checkpoint at step "
+          f"{int(state.step)}.\n" + "\n".join(f"searcher {sr.id}:\n{sr.error}" for sr in failed))
+
+  def search_round(num_prompts):
+    """Alternate mode: every searcher samples at least `num_prompts` / #searchers prompts."""
+    per = math.ceil(num_prompts / (len(searchers) * jax.process_count() *
+                                   s.num_prompts_per_batch))
+    t0 = time.perf_counter()
+    for sr in searchers:
+      for _ in range(per):
+        try:
+          sr.search_once()
+        except Exception:  # reported like a thread's failure
+          import traceback
+          sr.error = traceback.format_exc()
+          break
+    check_searchers()
+    clock.waiting += time.perf_counter() - t0
+
+  try:
+    # ----- Evaluate the starting policy --------------------------------------------
+    if start_step == 0:
+      metrics_writer.write(0, evaluate(0), wall_time=0.0)
+
+    # ----- Pre-fill the buffer -------------------------------------------------------
+    if mode == "async":
+      threads = [threading.Thread(target=sr.run, args=(stop,), name=f"searcher-{sr.id}",
+                                  daemon=True) for sr in searchers]
+      for t in threads:
+        t.start()
+    t0 = search_start = time.perf_counter()
+    while len(global_buffer) < c.buffer.prefill:
+      if mode == "async":
+        time.sleep(0.05)
+        check_searchers()
+      else:
+        search_round(c.buffer.num_prompts)
+      merge()
+    if start_step == 0:
+      global_buffer.mark_sync()
+    if mode == "async":
+      clock.waiting += time.perf_counter() - t0
+
+    # ----- Train ------------------------------------------------------------------------
+    bar = tqdm.tqdm(total=c.num_train_steps, initial=start_step, disable=not is_main,
+                    desc="train", dynamic_ncols=True)
+    b = c.buffer
+    for step in range(start_step, c.num_train_steps):
+      if mode == "alternate" and step > start_step and step % c.sync.every == 0:
+        search_round(b.num_prompts)
+        merge()
+        global_buffer.mark_sync()
+      t0 = time.perf_counter()
+      batch, info = global_buffer.sample(
+          b.num_prompts, b.samples_per_prompt, b.m, max_prompt_len=tp, max_completion_len=tc,
+          pad_id=tokenizer.pad_id, include_eos=c.loss.include_eos, reward_tau=b.reward_tau,
+          reward_weight=b.reward_weight)
+      version = int(state.step)
+      staleness = version - info["versions"]
+      state, m = update(state, _to_global(batch, batch_sharding))
+      m = jax.device_get(m)  # the trainer's one host sync per step
+      dt = time.perf_counter() - t0
+      clock.busy += dt
+      if not np.isfinite(m["loss"]):
+        raise FloatingPointError(
+            f"loss is {m['loss']} at step {step + 1} (grad_norm={m['grad_norm']}); stopping "
+            f"without saving. The checkpoints in {checkpointer.directory} are intact.")
+
+      # Sync: weights to the searchers, their new entries into the global buffer.
+      if mode == "async" and (step + 1) % c.sync.every == 0:
+        t1 = time.perf_counter()
+        for i, sr in enumerate(searchers):
+          sr.mailbox.put(step + 1, publish(state.params, i))
+        merge()
+        global_buffer.mark_sync()
+        clock.sync += time.perf_counter() - t1
+        check_searchers()
+      if mode == "alternate" and (step + 1) % c.sync.every == 0:
+        for i, sr in enumerate(searchers):
+          sr.mailbox.put(step + 1, publish(state.params, i))
+      if c.loss.ref_reset_every and (step + 1) % c.loss.ref_reset_every == 0:
+        for i, sr in enumerate(searchers):
+          sr.set_reference(publish(state.params, i))
+
+      # Metrics, evaluation, checkpoints.
+      done = step + 1
+      row = {k: float(v) for k, v in m.items()}
+      row.update(lr=float(lr(step)), step_seconds=dt, tokens_per_second=m["num_tokens"] / dt,
+                 staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
+                 staleness_hist=np.bincount(np.minimum(staleness, 16)).tolist(),
+                 fraction_from_latest=info["num_from_latest"] / b.num_prompts,
+                 trainer_idle_fraction=clock.waiting / max(clock.waiting + clock.busy, 1e-9),
+                 sync_seconds=clock.sync, buffer_entries=len(global_buffer),
+                 buffer_prompts=global_buffer.stats()["num_prompts"],
+                 **_searcher_metrics(searchers, time.perf_counter() - search_start))
+      if done % c.log.every == 0:
+        metrics_writer.write(done, row)
+      bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3g}",
+                      stale=f"{row['staleness_mean']:.1f}")
+      bar.update(1)
+      if (c.eval.every and done % c.eval.every == 0) and done < c.num_train_steps:
+        metrics_writer.write(done, evaluate(done))
+      if done % c.checkpoint.every == 0 or done == c.num_train_steps:
+        save(done)
+      if distributed.broadcast_flag(terminated.is_set()):
+        save(done)
+        print(f"SIGTERM: saved a checkpoint at step {done}; rerun to resume.")
+        return {"step": done, "terminated": True}
+    bar.close()
+
+    # ----- Finish: final evaluation and export -------------------------------------------
+    final = evaluate(c.num_train_steps)
+    metrics_writer.write(c.num_train_steps, final)
+    if c.export:
+      _export(model_cfg.replace(dtype=c.model.dtype), state.params,
+              os.path.join(workdir, "export"), is_main)
+    return {"step": c.num_train_steps, **final}
+  finally:
+    stop.set()
+    for t in threads:
+      t.join(timeout=60)
+    signal.signal(signal.SIGTERM, previous_handler) if previous_handler is not None else None
+    metrics_writer.close()
+    checkpointer.close()
+
+
+# ---------------------------------------------------------------------------
+# Helpers.
+# ---------------------------------------------------------------------------
+def _abstract(x):
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+
+
+def _to_global(batch, shardings):
+  """The same numpy batch on every process -> global arrays on the trainer mesh."""
+  return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
+                      batch, shardings)
+
+
+def _searcher_metrics(searchers, elapsed: float) -> dict:
+  busy = sum(sr.stats.busy_seconds for sr in searchers) / len(searchers)
+  samples = sum(sr.stats.num_samples for sr in searchers)
+  return {"searcher_busy_fraction": min(busy / max(elapsed, 1e-9), 1.0),
+          "searcher_samples": samples,
+          "searcher_reward_mean": sum(sr.stats.reward_sum for sr in searchers) / max(samples, 1)}
+
+
+def _gather_json(states):
+  import json
+  from jax.experimental import multihost_utils
+  raw = np.frombuffer(json.dumps(states).encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.int32(raw.size)))
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:raw.size] = raw
+  allp = np.asarray(multihost_utils.process_allgather(padded))
+  return [json.loads(bytes(allp[i, :sizes[i]]).decode()) for i in range(len(sizes))]
+
+
+def _install_sigterm(flag: threading.Event):
+  if threading.current_thread() is not threading.main_thread():
+    return None
+  return signal.signal(signal.SIGTERM, lambda *_: flag.set())
+
+
+def _export(cfg: ModelConfig, params, out_dir: str, is_main: bool) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    params = multihost_utils.process_allgather(params, tiled=True)
+  if is_main:
+    checkpoints.save_hf(cfg, jax.tree.map(lambda x: np.asarray(x).astype(cfg.jnp_dtype), params),
+                        out_dir)
+    print(f"Exported the policy to {out_dir} (Hugging Face format).")

@@ -1,0 +1,166 @@
+"""The runtime: async on 8 devices, synchronous equivalence, failures, resume checks."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import gsm8k as gsm8k_config
+from tba_jax import checkpoints, loop, sharding, tokenizer as tokenizer_lib, train_step
+from tba_jax import weight_sync
+from tba_jax.checkpoint import ConfigMismatchError
+from tba_jax.metrics import read_jsonl
+from tba_jax.model import ModelConfig, init_params
+from tba_jax.sampler import Sampler
+from tba_jax.searcher import PromptStream
+from tba_jax.tasks import Task
+
+
+def digit_reward(text: str, gold: float) -> float:
+  """A trivially learnable toy reward: the fraction of digit characters."""
+  return sum(ch.isdigit() for ch in text) / 4
+
+
+def toy_task(config) -> Task:
+  base = loop.build_task(config.task, tokenizer_lib.byte_tokenizer())
+  return Task(train=base.train, test=base.test, prompt=base.prompt, reward=digit_reward)
+
+
+def tiny_config(**sections):
+  c = gsm8k_config.get_config("tiny")
+  c.unlock()
+  c.eval.update(every=0, num_problems=2, num_samples=0)
+  c.export = False
+  for name, values in sections.items():
+    if isinstance(values, dict):
+      c[name].update(values)
+    else:
+      c[name] = values
+  c.lock()
+  return c
+
+
+def test_async_runtime_on_8_devices_learns_and_reports_staleness(tmp_path):
+  c = tiny_config(num_train_steps=24, mesh=dict(num_devices=8, num_trainer_devices=4),
+                  sync=dict(mode="async", every=2), optim=dict(learning_rate=3e-3),
+                  loss=dict(beta_start=0.05, beta_end=0.05),
+                  buffer=dict(num_prompts=4, samples_per_prompt=4, prefill=16),
+                  sampler=dict(num_samples_per_prompt=4, num_prompts_per_batch=2))
+  loop.run(c, str(tmp_path), task=toy_task(c))
+  rows = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "reward_mean" in r]
+  assert [r["step"] for r in rows] == list(range(1, 25))
+  for key in ("staleness_mean", "staleness_max", "staleness_hist", "fraction_from_latest",
+              "trainer_idle_fraction", "searcher_busy_fraction", "sync_seconds", "kl", "lr"):
+    assert key in rows[-1], key
+  assert all(r["staleness_max"] >= 0 for r in rows)
+  assert any(r["staleness_max"] > 0 for r in rows)  # searchers ran ahead on older weights
+  first = np.mean([r["reward_mean"] for r in rows[:6]])
+  last = np.mean([r["reward_mean"] for r in rows[-6:]])
+  assert last > first + 0.2, (first, last)
+
+
+def _sync_config():
+  return tiny_config(num_train_steps=3, mesh=dict(num_devices=2, num_trainer_devices=1),
+                     sync=dict(mode="alternate", every=1), optim=dict(learning_rate=3e-3),
+                     buffer=dict(num_prompts=2, samples_per_prompt=4, m=1.0, prefill=8),
+                     sampler=dict(num_samples_per_prompt=4, num_prompts_per_batch=2),
+                     export=True)
+
+
+def _plain_synchronous_loop(c, task, tokenizer):
+  """On-policy training written directly: sample B x K, score, update; repeat."""
+  devices = jax.local_devices()
+  trainer_mesh = sharding.make_mesh("trainer", devices[:1])
+  searcher_mesh = sharding.make_mesh("searcher", devices[1:2])
+  cfg = ModelConfig(**c.model.random.to_dict(), dtype="float32")
+  params = init_params(cfg, c.seed, sharding.param_shardings(cfg, "trainer", trainer_mesh))
+  optimizer = train_step.make_optimizer(c.optim.learning_rate, c.optim.weight_decay,
+                                        c.optim.grad_clip_norm, c.optim.b1, c.optim.b2)
+  state = train_step.init_state(params, optimizer,
+                                train_step.state_shardings(cfg, optimizer, trainer_mesh))
+  update = train_step.make_update(cfg, optimizer, loop._loss_fn(c.loss),
+                                  loop._beta_schedule(c.loss), trainer_mesh,
+                                  temperature=c.sampler.temperature)
+  to_searcher = lambda p: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher",
+                                                                          searcher_mesh))
+  ref = to_searcher(state.params)
+  sampler = Sampler(cfg, max_new_tokens=c.sampler.max_new_tokens,
+                    temperature=c.sampler.temperature, eos_ids=tokenizer.eos_ids,
+                    pad_id=tokenizer.pad_id, mesh=searcher_mesh)
+  stream = PromptStream([p.id for p in task.train], seed=c.seed)
+  golds = {p.id: p.gold for p in task.train}
+  key = jax.random.fold_in(jax.random.key(c.seed), 0)
+  tp, tc, k = c.task.max_prompt_len, c.sampler.max_new_tokens, c.buffer.samples_per_prompt
+  for step in range(c.num_train_steps):
+    ids = stream.take(c.buffer.num_prompts)
+    rows = [i for i in ids for _ in range(k)]
+    prompts = [tokenizer.encode(task.prompt(task.train[i])) for i in rows]
+    out = sampler(to_searcher(state.params), prompts, jax.random.fold_in(key, step))
+    completions = [tuple(out.tokens[r, :out.lengths[r]]) for r in range(len(rows))]
+    assert len(set(zip(rows, completions))) == len(rows)  # no duplicates to de-duplicate
+    n = len(rows)
+    tokens = np.full((n, tp + tc), tokenizer.pad_id, np.int32)
+    attn = np.zeros((n, tp + tc), np.int32)
+    for r, p in enumerate(prompts):
+      tokens[r, tp - len(p):tp], attn[r, tp - len(p):tp] = p, 1
+      tokens[r, tp:], attn[r, tp:tp + out.lengths[r]] = out.tokens[r], 1
+    completion_mask = attn[:, tp:].astype(np.float32)
+    ref_lp = np.asarray(jax.jit(train_step.completion_token_logprobs, static_argnums=(0, 4, 5))(
+        cfg, ref, tokens, attn, tc, c.sampler.temperature)) * completion_mask
+    rewards = np.array([digit_reward(tokenizer.decode(out.tokens[r, :out.lengths[r]]),
+                                     golds[i]) for r, i in enumerate(rows)], np.float32)
+    batch = train_step.TrainBatch(
+        tokens=tokens, attention_mask=attn, completion_mask=completion_mask,
+        ref_logprobs=ref_lp, behaviour_logprobs=out.tempered_logprobs * completion_mask,
+        rewards=rewards, group_ids=np.repeat(np.array(ids, np.int32), k),
+        versions=np.full(n, step, np.int32))
+    state, _ = update(state, batch)
+  return jax.device_get(state.params)
+
+
+def test_synchronous_mode_equals_a_plain_synchronous_loop(tmp_path):
+  c = _sync_config()
+  task = toy_task(c)
+  loop.run(c, str(tmp_path), task=task)
+  rows = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "reward_mean" in r]
+  assert all(r["staleness_max"] == 0 and r["fraction_from_latest"] == 1.0 for r in rows)
+  _, ours = checkpoints.load(str(tmp_path / "export"))
+  want = _plain_synchronous_loop(c, task, tokenizer_lib.byte_tokenizer())
+  moved = 0.0
+  for a, b, init in zip(jax.tree.leaves(ours), jax.tree.leaves(want),
+                        jax.tree.leaves(init_params(ModelConfig(**c.model.random.to_dict()), 0))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=0)
+    moved = max(moved, float(np.abs(np.asarray(b) - np.asarray(init)).max()))
+  assert moved > 1e-3  # training really changed the parameters
+
+
+def test_searcher_failure_stops_the_run_with_its_traceback_and_a_checkpoint(tmp_path):
+  c = tiny_config(num_train_steps=50, mesh=dict(num_devices=2, num_trainer_devices=1),
+                  sync=dict(mode="async", every=1), buffer=dict(prefill=8))
+  calls = {"n": 0}
+
+  def flaky(text, gold):
+    calls["n"] += 1
+    if calls["n"] > 24:  # after the pre-fill (8 samples a batch)
+      raise ZeroDivisionError("reward exploded")
+    return 0.0
+
+  base = toy_task(c)
+  task = Task(train=base.train, test=base.test, prompt=base.prompt, reward=flaky)
+  with pytest.raises(loop.SearcherError, match=r"(?s)searcher 0.*ZeroDivisionError: reward exploded"):
+    loop.run(c, str(tmp_path), task=task)
+  saved = sorted(os.listdir(tmp_path / "checkpoints"))
+  assert saved and all(s.isdigit() for s in saved)
+
+
+def test_resuming_under_a_different_config_is_refused(tmp_path):
+  c = tiny_config(num_train_steps=2, mesh=dict(num_devices=1), buffer=dict(prefill=8))
+  loop.run(c, str(tmp_path), task=toy_task(c))
+  changed = tiny_config(num_train_steps=4, mesh=dict(num_devices=1), buffer=dict(prefill=8),
+                        loss=dict(beta_start=0.5))
+  with pytest.raises(ConfigMismatchError, match=r"loss.beta_start: 0.1 -> 0.5"):
+    loop.run(changed, str(tmp_path), task=toy_task(changed))
+  # Only observation / length keys may change: this resumes.
+  longer = tiny_config(num_train_steps=3, mesh=dict(num_devices=1), buffer=dict(prefill=8))
+  assert loop.run(longer, str(tmp_path), task=toy_task(longer))["step"] == 3
