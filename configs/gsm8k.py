@@ -174,7 +174,6 @@ def _tiny(c):
   c.eval.update(every=3, num_problems=4, greedy=True, num_samples=2, max_new_tokens=4,
                 batch_size=8)
   c.checkpoint.update(every=3)
-  c.log.update(tensorboard=False)
 
 
 def _apply_overrides(c, overrides):

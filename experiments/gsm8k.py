@@ -20,11 +20,19 @@ _COORDINATOR = flags.DEFINE_string(
     "'' = single process).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Number of processes (hosts).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index.")
+_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/tba_jax/xla",
+                             "Persistent XLA compilation cache ('' = off): restarts and "
+                             "resumes skip recompiling.")
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
+  if _CACHE.value:
+    import os
+    import jax
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(_CACHE.value))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   # Multi-host start-up must come before anything touches the devices.
   from tba_jax import distributed
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)

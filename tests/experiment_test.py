@@ -1,0 +1,112 @@
+"""`python -m experiments.gsm8k` end to end: the tiny config, kill and resume, SIGTERM, plots."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tba_jax.metrics import read_jsonl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _command(workdir, arg):
+  return [sys.executable, "-m", "experiments.gsm8k", f"--config=configs/gsm8k.py:{arg}",
+          f"--workdir={workdir}", f"--compilation_cache={os.path.expanduser('~/.cache/tba_jax_test_xla')}"]
+
+
+def _env():
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # one CPU device: the roles share it and alternate
+  env["PYTHONUNBUFFERED"] = "1"
+  return env
+
+
+def _start(workdir, arg):
+  return subprocess.Popen(_command(workdir, arg), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def _steps(workdir):
+  d = os.path.join(workdir, "checkpoints")
+  return sorted(int(s) for s in os.listdir(d) if s.isdigit()) if os.path.isdir(d) else []
+
+
+def _wait_for_checkpoint(proc, workdir, timeout=240):
+  deadline = time.time() + timeout
+  while time.time() < deadline and proc.poll() is None:
+    if _steps(workdir):
+      return
+    time.sleep(0.2)
+  proc.kill()
+  raise AssertionError(f"no checkpoint appeared: {proc.stdout.read()[-3000:]}")
+
+
+def test_tiny_config_end_to_end_with_sync_eval_and_export(tmp_path):
+  out = subprocess.run(_command(tmp_path, "tiny"), cwd=ROOT, env=_env(), capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+  rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
+  assert [r["step"] for r in rows if "loss" in r] == list(range(1, 7))
+  evals = [r["step"] for r in rows if "eval/greedy_pass@1" in r]
+  assert evals == [0, 3, 6]
+  assert _steps(str(tmp_path)) == [3, 6]
+  assert os.path.exists(tmp_path / "export" / "model.safetensors")
+  events = os.listdir(tmp_path / "tensorboard")
+  assert any(e.startswith("events.out.tfevents") for e in events), events
+
+
+def test_sigkill_mid_run_then_rerun_resumes_to_the_final_step(tmp_path):
+  workdir = str(tmp_path)
+  arg = "tiny,num_train_steps=40,checkpoint.every=2,eval.every=0"
+  proc = _start(workdir, arg)
+  _wait_for_checkpoint(proc, workdir)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(timeout=30)
+  killed_at = _steps(workdir)
+  assert killed_at and killed_at[-1] < 40, killed_at
+  out = subprocess.run(_command(workdir, arg), cwd=ROOT, env=_env(), capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+  resumed = [line for line in out.stdout.splitlines() if line.startswith("Resumed from step")]
+  assert resumed, out.stdout[-2000:]
+  step, entries = resumed[0].split()[3], resumed[0].split("(")[1].split()[0]
+  assert int(step) >= killed_at[-1] and int(entries) > 0
+  assert _steps(workdir)[-1] == 40
+  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in rows if "loss" in r] == list(range(1, 41))
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+  workdir = str(tmp_path)
+  proc = _start(workdir, "tiny,num_train_steps=100000,checkpoint.every=1000,eval.every=0")
+  deadline = time.time() + 240
+  metrics = tmp_path / "metrics.jsonl"
+  while time.time() < deadline and proc.poll() is None:
+    if metrics.exists() and any("loss" in line for line in metrics.read_text().splitlines()):
+      break
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  output, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 0, output[-3000:]
+  assert "SIGTERM: saved a checkpoint" in output
+  assert _steps(workdir) and _steps(workdir)[-1] < 1000
+
+
+def test_plot_overlays_runs(tmp_path):
+  for name, rewards in (("async", [0.1, 0.4]), ("sync", [0.1, 0.2])):
+    d = tmp_path / name
+    d.mkdir()
+    rows = [{"step": 0, "wall_time": 0.0, "eval/greedy_pass@1": 0.1}] + [
+        {"step": i + 1, "wall_time": 10.0 * (i + 1), "reward_mean": r} for i, r in enumerate(rewards)]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  out = tmp_path / "fig.png"
+  subprocess.run([sys.executable, "-m", "experiments.plot", str(tmp_path / "async"),
+                  str(tmp_path / "sync"), "--out", str(out)], cwd=ROOT, check=True, timeout=120)
+  assert out.stat().st_size > 10_000
+  with pytest.raises(subprocess.CalledProcessError):
+    subprocess.run([sys.executable, "-m", "experiments.plot", str(tmp_path / "missing"), "--out",
+                    str(out)], cwd=ROOT, check=True, timeout=120, capture_output=True)
