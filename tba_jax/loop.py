@@ -397,7 +397,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     if c.export:
       _export(model_cfg.replace(dtype=c.model.dtype), state.params,
               os.path.join(workdir, "export"), is_main)
-    return {"step": c.num_train_steps, **final}
+    return {"step": c.num_train_steps, **final, **_buffer_summary(global_buffer)}
   finally:
     stop.set()
     for t in threads:
@@ -410,6 +410,19 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
 # ---------------------------------------------------------------------------
 # Helpers.
 # ---------------------------------------------------------------------------
+def _buffer_summary(buffer: ReplayBuffer) -> dict:
+  """A digest of the buffer's state (equal on every host) and versions per searcher."""
+  import hashlib
+  state = buffer.state_dict()
+  digest = hashlib.sha256()
+  for k in sorted(state):
+    digest.update(k.encode() + np.ascontiguousarray(state[k]).tobytes())
+  versions = {}
+  for e in buffer.entries():
+    versions[e.searcher_id] = max(versions.get(e.searcher_id, 0), e.version)
+  return {"buffer_digest": digest.hexdigest(), "max_version_by_searcher": versions}
+
+
 def _abstract(x):
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
 
