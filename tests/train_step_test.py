@@ -268,3 +268,21 @@ def test_precision_modes(tiny_cfg):
     assert float(metrics["loss"]) == pytest.approx(reference["loss"], rel=0.05)
     moved = jax.tree.map(lambda a, b: np.mean(np.asarray(a, np.float32) != b), state.params, start)
     assert max(jax.tree.leaves(moved)) > 0.5  # lr 1e-3 is visible even in bfloat16
+
+
+def test_learning_rate_schedules():
+  # GSM8K read as phase lengths 50 / 350 / 600 (see warmup_stable_decay).
+  wsd = ts.warmup_stable_decay(1e-5, warmup_steps=50, stable_steps=350, decay_steps=600)
+  lr = lambda s, count: float(s(count))
+  assert lr(wsd, 0) == 0.0  # optax counts updates from 0: the first update has lr 0
+  assert lr(wsd, 25) == pytest.approx(0.5e-5)
+  assert lr(wsd, 50) == pytest.approx(1e-5)
+  assert lr(wsd, 399) == pytest.approx(1e-5)
+  assert lr(wsd, 400 + 300) == pytest.approx(0.5e-5)  # cosine midpoint
+  assert lr(wsd, 1000) == pytest.approx(0.0, abs=1e-12)
+  assert lr(wsd, 2000) == pytest.approx(0.0, abs=1e-12)
+  linear = ts.warmup_linear(1.0, warmup_steps=10, total_steps=110, final_lr=0.1)
+  assert [lr(linear, c) for c in (0, 5, 10, 60, 110, 500)] == pytest.approx(
+      [0.0, 0.5, 1.0, 0.55, 0.1, 0.1])
+  cosine = ts.warmup_cosine(1.0, warmup_steps=10, total_steps=110)
+  assert [lr(cosine, c) for c in (0, 10, 60, 110)] == pytest.approx([0.0, 1.0, 0.5, 0.0], abs=1e-6)
