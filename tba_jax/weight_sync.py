@@ -17,7 +17,6 @@ import threading
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from tba_jax.model import Params
 
@@ -48,7 +47,8 @@ def publish(params: Params, searcher_shardings, *, dtype: str | None = None,
     return jax.device_put(local, searcher_shardings)
   if dtype is not None:
     params = jax.jit(lambda p: _cast(p, dtype))(params)
-  return jax.device_put(params, searcher_shardings)
+  # A real copy even when the slices share devices: the trainer donates its state.
+  return jax.device_put(params, searcher_shardings, may_alias=False)
 
 
 class Mailbox:
@@ -75,7 +75,3 @@ class Mailbox:
   def version(self) -> int:
     with self._lock:
       return self._version
-
-
-def num_bytes(params: Params) -> int:
-  return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(params))
