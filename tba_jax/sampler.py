@@ -35,7 +35,11 @@ from tba_jax.model import ModelConfig, Params
 
 LogitsFn = Callable[..., tuple[jax.Array, Any]]
 
-DEFAULT_PROMPT_BUCKETS = tuple(2 ** i for i in range(4, 14))  # 16 .. 8192 tokens
+# Left padding up to a bucket is prefill compute spent on nothing, so prompt
+# buckets are fine-grained (at most ~25% waste from 128 tokens on); each is one
+# more compile only when a prompt of that length shows up.
+DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768,
+                          896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 6144, 8192)
 DEFAULT_BATCH_BUCKETS = tuple(2 ** i for i in range(0, 11))  # 1 .. 1024 rows
 
 
@@ -149,7 +153,8 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, options: SamplingOptions):
   # One Gumbel-max draw per row from that row's own key.
   token = jax.vmap(jax.random.categorical)(keys, kept).astype(jnp.int32)
   tempered = _log_prob_of(scaled, token)
-  logprob = tempered if kept is scaled else _log_prob_of(kept, token)
+  truncated = 0 < options.top_k < logits.shape[-1] or options.top_p < 1.0
+  logprob = _log_prob_of(kept, token) if truncated else tempered
   return token, logprob, tempered
 
 
@@ -234,15 +239,26 @@ def model_logits_fn(model_config: ModelConfig) -> LogitsFn:
 def _prefill_program(params, prompt_tokens, prompt_mask, key, row_ids, row_valid, *,
                      model_config, options, mesh):
   b, t = prompt_tokens.shape
-  # Slots: the T prompt tokens plus every sampled token except the last (never fed).
-  cache = model_lib.KVCache.init(model_config, b, t + options.max_new_tokens - 1)
   kv_sharding = sharding.cache_sharding(model_config, mesh)
-  cache = dataclasses.replace(
-      cache, k=jax.lax.with_sharding_constraint(cache.k, kv_sharding),
-      v=jax.lax.with_sharding_constraint(cache.v, kv_sharding),
-      mask=jax.lax.with_sharding_constraint(cache.mask, sharding.batch_sharding("searcher", mesh)))
-  return prefill(model_logits_fn(model_config), params, prompt_tokens, prompt_mask, cache, key,
-                 row_ids, row_valid, options)
+  mask_sharding = sharding.batch_sharding("searcher", mesh)
+
+  def place(cache):
+    return dataclasses.replace(
+        cache, k=jax.lax.with_sharding_constraint(cache.k, kv_sharding),
+        v=jax.lax.with_sharding_constraint(cache.v, kv_sharding),
+        mask=jax.lax.with_sharding_constraint(cache.mask, mask_sharding))
+
+  # The prompt is prefilled into a cache of exactly T slots, so its attention
+  # spans T keys rather than all T + N - 1; the slots for sampled tokens are
+  # appended afterwards (one copy of the cache, cheap next to the prefill).
+  cache = place(model_lib.KVCache.init(model_config, b, t))
+  state = prefill(model_logits_fn(model_config), params, prompt_tokens, prompt_mask, cache, key,
+                  row_ids, row_valid, options)
+  grow = options.max_new_tokens - 1  # the last sampled token is never fed back
+  slots = lambda x, axis: jnp.pad(x, [(0, grow if a == axis else 0) for a in range(x.ndim)])
+  c = state.cache
+  cache = model_lib.KVCache(k=slots(c.k, 2), v=slots(c.v, 2), mask=slots(c.mask, 1), index=c.index)
+  return dataclasses.replace(state, cache=place(cache))
 
 
 # The state (with its KV cache, the largest buffer) is donated: the loop
