@@ -156,7 +156,8 @@ class Attention(nnx.Module):
     self.cfg = cfg
 
   def __call__(self, x, positions, mask, kv, index):
-    """x [B,T,D]; mask [B,T,S]; kv = (k, v) buffers [B,S,K,H] or None."""
+    """x [B,T,D]; mask [B,T,S]; kv = None, or (k, v, layer): the stacked cache
+    buffers [L,B,S,K,H] and this layer's index into them."""
     q = jnp.einsum("BTD,DNH->BTNH", x, self.q[...])
     k = jnp.einsum("BTD,DKH->BTKH", x, self.k[...])
     v = jnp.einsum("BTD,DKH->BTKH", x, self.v[...])
@@ -164,12 +165,21 @@ class Attention(nnx.Module):
       q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
     inv_freq = rope_inv_freq(self.cfg)
     q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-    if kv is not None:  # write the new keys/values into the cache at `index`
-      k = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), index, axis=1)
-      v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), index, axis=1)
+    if kv is not None:
+      # Write only the T new keys/values, in place, at [layer, :, index] of the
+      # stacked buffers, then read this layer's slots back. Carrying the whole
+      # cache through the layer scan (rather than scanning over it as xs/ys)
+      # keeps XLA from copying every layer's cache on every decode step.
+      k_all, v_all, layer = kv
+      start = (layer, 0, index, 0, 0)
+      k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), start)
+      v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), start)
+      k = jax.lax.dynamic_index_in_dim(k_all, layer, keepdims=False)
+      v = jax.lax.dynamic_index_in_dim(v_all, layer, keepdims=False)
+      kv = (k_all, v_all, layer)
     # XLA's reference attention on CPU (exact); cuDNN/TPU kernels elsewhere.
     out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask[:, None])
-    return jnp.einsum("BTNH,NHD->BTD", out, self.o[...]), (k, v)
+    return jnp.einsum("BTNH,NHD->BTD", out, self.o[...]), kv
 
 
 class MLP(nnx.Module):
@@ -225,11 +235,10 @@ class Transformer(nnx.Module):
     """
     t = tokens.shape[1]
     if cache is None:
-      index, kv_mask, kv = 0, token_mask.astype(bool), None
+      index, kv_mask = 0, token_mask.astype(bool)
     else:
       index = cache.index
       kv_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, token_mask.astype(bool), index, 1)
-      kv = (cache.k, cache.v)
     s = kv_mask.shape[1]
     # Query t sits at slot index + t and sees valid slots up to its own. It
     # always sees itself, so padding rows never softmax over an empty set.
@@ -239,14 +248,17 @@ class Transformer(nnx.Module):
 
     x = self.embed[...][tokens]
 
-    def layer(x, block, kv):
+    def layer(carry, block):
+      x, kv = carry
       x, kv = block(x, positions, mask, kv, index)
+      if kv is not None:
+        kv = (kv[0], kv[1], kv[2] + 1)  # the next layer's index
       return x, kv
 
     if remat:
       layer = nnx.remat(layer)
-    x, kv = nnx.scan(layer, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0))(
-        x, self.layers, kv)
+    kv = None if cache is None else (cache.k, cache.v, jnp.zeros((), jnp.int32))
+    x, kv = nnx.scan(layer, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)((x, kv), self.layers)
     if cache is not None:
       cache = KVCache(k=kv[0], v=kv[1], mask=kv_mask, index=index + t)
     return self.final_norm(x), cache
