@@ -20,7 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 # Top-level config sections / keys that may change between a run and its resume.
-RESUMABLE_KEYS = ("num_train_steps", "eval", "log", "checkpoint")
+RESUMABLE_KEYS = ("num_train_steps", "max_train_seconds", "eval", "log", "checkpoint")
 
 
 class ConfigMismatchError(ValueError):

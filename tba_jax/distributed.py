@@ -62,9 +62,10 @@ def all_gather_entries(entries: list[Entry], *, max_prompt_len: int,
   return out
 
 
-def broadcast_flag(flag: bool) -> bool:
-  """True on every process when any process raised `flag` (e.g. SIGTERM, a failure)."""
+def broadcast_flags(*flags: bool) -> tuple[bool, ...]:
+  """Each flag True on every process when any process raised it (SIGTERM, a failure)."""
   if jax.process_count() == 1:
-    return flag
+    return tuple(bool(f) for f in flags)
   from jax.experimental import multihost_utils
-  return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).max())
+  raised = np.asarray(multihost_utils.process_allgather(np.array(flags, np.int32))).max(axis=0)
+  return tuple(bool(f) for f in raised)

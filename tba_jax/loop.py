@@ -278,7 +278,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
 
   def check_searchers():
     failed = [sr for sr in searchers if sr.error is not None]
-    if distributed.broadcast_flag(bool(failed)):
+    if distributed.broadcast_flags(bool(failed))[0]:
       save(int(state.step))
       raise SearcherError(
           "a searcher failed; the run stopped after saving a checkpoint at step "
@@ -328,6 +328,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     bar = tqdm.tqdm(total=c.num_train_steps, initial=start_step, disable=not is_main,
                     desc="train", dynamic_ncols=True)
     b = c.buffer
+    train_start = time.perf_counter()
+    last = c.num_train_steps
     for step in range(start_step, c.num_train_steps):
       if mode == "alternate" and step > start_step and step % c.sync.every == 0:
         search_round(b.num_prompts)
@@ -381,23 +383,30 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3g}",
                       stale=f"{row['staleness_mean']:.1f}")
       bar.update(1)
-      if (c.eval.every and done % c.eval.every == 0) and done < c.num_train_steps:
+      out_of_time = bool(c.max_train_seconds) and \
+          time.perf_counter() - train_start > c.max_train_seconds
+      # One collective for both flags: every process stops at the same step.
+      terminate, out_of_time = distributed.broadcast_flags(terminated.is_set(), out_of_time)
+      last_step = done == c.num_train_steps or out_of_time
+      if c.eval.every and done % c.eval.every == 0 and not last_step:
         metrics_writer.write(done, evaluate(done))
-      if done % c.checkpoint.every == 0 or done == c.num_train_steps:
+      if done % c.checkpoint.every == 0 or last_step or terminate:
         save(done)
-      if distributed.broadcast_flag(terminated.is_set()):
-        save(done)
+      if terminate:
         print(f"SIGTERM: saved a checkpoint at step {done}; rerun to resume.")
         return {"step": done, "terminated": True}
+      if out_of_time:
+        last = done
+        break
     bar.close()
 
     # ----- Finish: final evaluation and export -------------------------------------------
-    final = evaluate(c.num_train_steps)
-    metrics_writer.write(c.num_train_steps, final)
+    final = evaluate(last)
+    metrics_writer.write(last, final)
     if c.export:
       _export(model_cfg.replace(dtype=c.model.dtype), state.params,
               os.path.join(workdir, "export"), is_main)
-    return {"step": c.num_train_steps, **final, **_buffer_summary(global_buffer)}
+    return {"step": last, **final, **_buffer_summary(global_buffer)}
   finally:
     stop.set()
     for t in threads:
