@@ -117,6 +117,7 @@ def _base() -> ml_collections.ConfigDict:
   )
   c.eval = dict(
       every=100,             # steps between evaluations (0 = only before and after)
+      every_seconds=0.0,     # > 0: also evaluate when this much wall-clock has passed
       num_problems=0,        # 0 = the whole test split
       greedy=True,           # greedy pass@1
       num_samples=0,         # > 0: sampled pass@k over this many samples per problem

@@ -328,7 +328,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     bar = tqdm.tqdm(total=c.num_train_steps, initial=start_step, disable=not is_main,
                     desc="train", dynamic_ncols=True)
     b = c.buffer
-    train_start = time.perf_counter()
+    train_start = last_eval = time.perf_counter()
     last = c.num_train_steps
     for step in range(start_step, c.num_train_steps):
       if mode == "alternate" and step > start_step and step % c.sync.every == 0:
@@ -385,11 +385,15 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       bar.update(1)
       out_of_time = bool(c.max_train_seconds) and \
           time.perf_counter() - train_start > c.max_train_seconds
-      # One collective for both flags: every process stops at the same step.
-      terminate, out_of_time = distributed.broadcast_flags(terminated.is_set(), out_of_time)
+      due = (c.eval.every and done % c.eval.every == 0) or \
+          (c.eval.every_seconds and time.perf_counter() - last_eval >= c.eval.every_seconds)
+      # One collective for the flags: every process evaluates / stops at the same step.
+      terminate, out_of_time, due = distributed.broadcast_flags(terminated.is_set(), out_of_time,
+                                                                due)
       last_step = done == c.num_train_steps or out_of_time
-      if c.eval.every and done % c.eval.every == 0 and not last_step:
+      if due and not last_step:
         metrics_writer.write(done, evaluate(done))
+        last_eval = time.perf_counter()
       if done % c.checkpoint.every == 0 or last_step or terminate:
         save(done)
       if terminate:
