@@ -60,6 +60,7 @@ def _base() -> ml_collections.ConfigDict:
       arithmetic=dict(ops="+*", low=2, high=9, test_fraction=0.25, seed=0),
   )
   c.mesh = dict(
+      num_cpu_devices=0,      # > 0 and no accelerator: split the host CPU into this many devices
       num_devices=0,          # of this host's devices to use (0 = all)
       num_trainer_devices=1,  # of this host's devices; the rest are searchers (1 device: shared)
       num_searchers=1,        # searcher threads per host, each with its own slice of devices
@@ -135,7 +136,7 @@ def _cpu(c):
   c.model.update(path="smollm2", dtype="float32")
   c.task.update(name="arithmetic", prompt_style="<|im_start|>user\n{question}<|im_end|>\n"
                 "<|im_start|>assistant\n", question_suffix="", max_prompt_len=32)
-  c.mesh.update(num_trainer_devices=1, num_searchers=1)
+  c.mesh.update(num_cpu_devices=2, num_trainer_devices=1, num_searchers=1)
   c.sampler.update(max_new_tokens=48, num_samples_per_prompt=8, num_prompts_per_batch=4)
   c.loss.update(beta_start=0.05, beta_end=0.05, beta_anneal_steps=1, beta_switch_step=1)
   c.optim.update(learning_rate=1e-5, schedule="constant", warmup_steps=0, grad_clip_norm=1.0)

@@ -33,6 +33,10 @@ def main(argv):
     import jax
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(_CACHE.value))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  if _CONFIG.value.mesh.num_cpu_devices:
+    # Must happen before JAX creates its backends; ignored when an accelerator is present.
+    import jax
+    jax.config.update("jax_num_cpu_devices", _CONFIG.value.mesh.num_cpu_devices)
   # Multi-host start-up must come before anything touches the devices.
   from tba_jax import distributed
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
