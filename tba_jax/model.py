@@ -177,9 +177,29 @@ class Attention(nnx.Module):
       k = jax.lax.dynamic_index_in_dim(k_all, layer, keepdims=False)
       v = jax.lax.dynamic_index_in_dim(v_all, layer, keepdims=False)
       kv = (k_all, v_all, layer)
-    # XLA's reference attention on CPU (exact); cuDNN/TPU kernels elsewhere.
-    out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask[:, None])
+      out = _cached_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask)
+    else:
+      # XLA's reference attention on CPU (exact); cuDNN/TPU kernels elsewhere.
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
     return jnp.einsum("BTNH,NHD->BTD", out, self.o[...]), kv
+
+
+def _cached_attention(q, k, v, mask):
+  """jax.nn.dot_product_attention's math (float32 softmax, same mask fill) over
+  cache slots: q [B,T,N,H], k/v [B,S,K,H], mask [B,T,S] -> [B,T,N,H].
+
+  The einsums keep the (B, K) axes leading in their outputs; with
+  jax.nn.dot_product_attention's output order XLA:CPU instead copies a
+  transposed value cache of every layer on every decode step.
+  """
+  b, t, n, h = q.shape
+  q = q.reshape(b, t, k.shape[2], n // k.shape[2], h)  # query head n = kv head * G + g
+  logits = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32)
+  logits = logits * (h ** -0.5)
+  logits = jnp.where(mask[:, None, None], logits, -0.7 * jnp.finfo(jnp.float32).max)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  out = jnp.einsum("BKGTS,BSKH->BKGTH", probs, v)
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 class MLP(nnx.Module):

@@ -112,28 +112,71 @@ class Rollouts:
 # ---------------------------------------------------------------------------
 # Core: token choice, prefill, decode loop.
 # ---------------------------------------------------------------------------
-def _truncate(scaled: jax.Array, top_k: int, top_p: float) -> jax.Array:
-  """scaled [B,V] with -inf outside the top-k / top-p kept set (top-k first).
+_SIGN = np.uint32(0x80000000)
 
-  Ties at the threshold are all kept. Nucleus: in descending order a token is
-  kept while the probability mass strictly before it is < top_p, so the top
-  token always survives (transformers' rule).
+
+def _to_ordered(x: jax.Array) -> jax.Array:
+  """float32 -> uint32 with the same order (for -inf and finite values)."""
+  u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+  return jnp.where(u >= _SIGN, ~u, u | _SIGN)
+
+
+def _from_ordered(o: jax.Array) -> jax.Array:
+  return jax.lax.bitcast_convert_type(jnp.where(o >= _SIGN, o & ~_SIGN, ~o), jnp.float32)
+
+
+def _nucleus_threshold(x: jax.Array, top_p: float) -> jax.Array:
+  """[B,1]: per row the smallest logit t such that the logits strictly above t
+  hold less than top_p of softmax(x); the nucleus is then x >= t.
+
+  That is transformers' rule (walking down the sorted vocabulary, a token is
+  kept while the mass before it is < top_p; ties stay together), found without
+  a sort: a [B,V] sort costs ~30x more than this on CPU. Bisection over the
+  float32 values in order-preserving uint32 form pins t exactly in 32 masked
+  sums.
   """
-  v = scaled.shape[-1]
-  if top_k and top_k < v:
-    # lax.top_k returns its values sorted descending: the nucleus needs no
-    # full-vocab sort then.
-    ranked = jax.lax.top_k(scaled, top_k)[0]
-  elif top_p < 1.0:
-    ranked = -jnp.sort(-scaled, axis=-1)  # the one full-vocab sort, only for top-p alone
-  else:
-    return scaled
+  probs = jax.nn.softmax(x, axis=-1)
+  mass_above = lambda t: jnp.sum(jnp.where(x > t, probs, 0.0), axis=-1, keepdims=True)
+  # Invariant: mass_above(lo) >= top_p (all the mass is above -inf) and
+  # mass_above(hi) < top_p (none is above the max).
+  lo = jnp.full(x.shape[:-1] + (1,), _to_ordered(jnp.float32(-jnp.inf)))
+  hi = _to_ordered(jnp.max(x, axis=-1, keepdims=True))
+
+  def halve(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) // 2
+    inside = mass_above(_from_ordered(mid)) < top_p
+    return jnp.where(inside, lo, mid), jnp.where(inside, mid, hi)
+
+  _, hi = jax.lax.fori_loop(0, 32, halve, (lo, hi))
+  return _from_ordered(hi)
+
+
+def _truncate(scaled: jax.Array, top_k: int, top_p: float) -> jax.Array:
+  """scaled [B,V] with -inf outside the top-k, then top-p, kept set (ties kept)."""
+  kept = scaled
+  if 0 < top_k < scaled.shape[-1]:
+    # The k-th largest value as a min: slicing top_k's last column instead makes
+    # XLA:CPU fall back to a full sort (~100x slower).
+    kth = jnp.min(jax.lax.top_k(scaled, top_k)[0], axis=-1, keepdims=True)
+    kept = jnp.where(scaled >= kth, scaled, -jnp.inf)
   if top_p < 1.0:
-    probs = jax.nn.softmax(ranked, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    ranked = jnp.where(mass_before < top_p, ranked, jnp.inf)
-  threshold = jnp.min(ranked, axis=-1, keepdims=True)
-  return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+    kept = jnp.where(kept >= _nucleus_threshold(kept, top_p), kept, -jnp.inf)
+  return kept
+
+
+def _draw(kept: jax.Array, keys: jax.Array) -> jax.Array:
+  """One token per row from softmax(kept), by inverse CDF with one uniform from
+  the row's key: B draws per step where Gumbel-max needs B * V (and two logs
+  each), a fifth of the step's sampling time on CPU. Exact up to float32
+  rounding of the running sum; tokens outside the kept set have zero width."""
+  probs = jnp.exp(kept - jnp.max(kept, axis=-1, keepdims=True))
+  cdf = jnp.cumsum(probs, axis=-1)
+  total = cdf[:, -1:]
+  u = jax.vmap(jax.random.uniform)(keys)[:, None]
+  token = jnp.sum(cdf <= u * total, axis=-1)
+  # u * total may round up to total: then the last kept token is the draw.
+  return jnp.minimum(token, jnp.argmax(cdf >= total, axis=-1)).astype(jnp.int32)
 
 
 def _log_prob_of(x: jax.Array, token: jax.Array) -> jax.Array:
@@ -150,8 +193,7 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, options: SamplingOptions):
     return token, logprob, logprob
   scaled = logits / options.temperature
   kept = _truncate(scaled, options.top_k, options.top_p)
-  # One Gumbel-max draw per row from that row's own key.
-  token = jax.vmap(jax.random.categorical)(keys, kept).astype(jnp.int32)
+  token = _draw(kept, keys)
   tempered = _log_prob_of(scaled, token)
   truncated = 0 < options.top_k < logits.shape[-1] or options.top_p < 1.0
   logprob = _log_prob_of(kept, token) if truncated else tempered
