@@ -310,6 +310,11 @@ class KVCache:
     return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                mask=jnp.zeros((batch, size), bool), index=jnp.zeros((), jnp.int32))
 
+  def extend(self, num_slots: int) -> KVCache:
+    """The same cache with `num_slots` more empty slots at the end."""
+    pad = lambda x, axis: jnp.pad(x, [(0, num_slots if a == axis else 0) for a in range(x.ndim)])
+    return KVCache(k=pad(self.k, 2), v=pad(self.v, 2), mask=pad(self.mask, 1), index=self.index)
+
 
 # ---------------------------------------------------------------------------
 # Functional API over plain parameter dicts.

@@ -296,11 +296,8 @@ def _prefill_program(params, prompt_tokens, prompt_mask, key, row_ids, row_valid
   cache = place(model_lib.KVCache.init(model_config, b, t))
   state = prefill(model_logits_fn(model_config), params, prompt_tokens, prompt_mask, cache, key,
                   row_ids, row_valid, options)
-  grow = options.max_new_tokens - 1  # the last sampled token is never fed back
-  slots = lambda x, axis: jnp.pad(x, [(0, grow if a == axis else 0) for a in range(x.ndim)])
-  c = state.cache
-  cache = model_lib.KVCache(k=slots(c.k, 2), v=slots(c.v, 2), mask=slots(c.mask, 1), index=c.index)
-  return dataclasses.replace(state, cache=place(cache))
+  # Every sampled token but the last (never fed back) needs a slot.
+  return dataclasses.replace(state, cache=place(state.cache.extend(options.max_new_tokens - 1)))
 
 
 # The state (with its KV cache, the largest buffer) is donated: the loop
