@@ -188,9 +188,10 @@ def _cached_attention(q, k, v, mask):
   """jax.nn.dot_product_attention's math (float32 softmax, same mask fill) over
   cache slots: q [B,T,N,H], k/v [B,S,K,H], mask [B,T,S] -> [B,T,N,H].
 
-  The einsums keep the (B, K) axes leading in their outputs; with
-  jax.nn.dot_product_attention's output order XLA:CPU instead copies a
-  transposed value cache of every layer on every decode step.
+  Used for cached (sampling) calls. The einsums keep the (B, K) axes leading in
+  their outputs; with jax.nn.dot_product_attention's einsum order XLA:CPU copies
+  transposed key and value caches of every layer on every decode step, and this
+  form measured ~1.5x faster decode attention at batch 8-64.
   """
   b, t, n, h = q.shape
   q = q.reshape(b, t, k.shape[2], n // k.shape[2], h)  # query head n = kv head * G + g
