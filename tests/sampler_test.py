@@ -122,7 +122,7 @@ def test_sampled_logprobs_match_teacher_forcing(tiny_cfg, temperature, top_k, to
                          top_k=top_k, top_p=top_p, eos_ids=eos, pad_id=0, seed=7)
   steps = np.arange(10)[None]
   real = steps < out.lengths[:, None]
-  assert 0 < real.sum() < real.size, "the seed should give both finished and full rows"
+  assert 0 < real.sum() < real.size, "with this seed some rows should stop early"
 
   scaled = _teacher_forced_logits(tiny_cfg, params, prompts, out.tokens, out.lengths) / temperature
   tempered = np.take_along_axis(_log_softmax(scaled), out.tokens[..., None], -1)[..., 0]
@@ -144,7 +144,10 @@ def test_sampled_logprobs_match_teacher_forcing(tiny_cfg, temperature, top_k, to
   truncated = np.take_along_axis(_log_softmax(np.where(keep, scaled, -np.inf)),
                                  out.tokens[..., None], -1)[..., 0]
   np.testing.assert_allclose(out.logprobs[real], truncated[real], atol=1e-5, rtol=0)
-  assert not np.allclose(out.logprobs[real], tempered[real]) or (not top_k and top_p == 1)
+  if top_k or top_p < 1:  # renormalising over the kept set raises the log-probs
+    assert (out.logprobs[real] > out.tempered_logprobs[real] + 1e-3).any()
+  else:
+    np.testing.assert_array_equal(out.logprobs, out.tempered_logprobs)
   # Padding after EOS carries pad tokens and zero log-probs.
   assert (out.tokens[~real] == 0).all()
   assert (out.logprobs[~real] == 0).all() and (out.tempered_logprobs[~real] == 0).all()
