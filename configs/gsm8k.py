@@ -132,19 +132,22 @@ def _base() -> ml_collections.ConfigDict:
 
 
 def _cpu(c):
-  c.num_train_steps = 40
+  c.num_train_steps = 30
   c.model.update(path="smollm2", dtype="float32")
+  # Single-digit + and * (2..9): the model knows many answers but states them
+  # unreliably when sampling at T = 0.7, and often runs past 32 tokens.
   c.task.update(name="arithmetic", prompt_style="<|im_start|>user\n{question}<|im_end|>\n"
-                "<|im_start|>assistant\n", question_suffix="", max_prompt_len=32)
+                "<|im_start|>assistant\n", question_suffix=" Answer with just the number.",
+                max_prompt_len=24)
   c.mesh.update(num_cpu_devices=2, num_trainer_devices=1, num_searchers=1)
-  c.sampler.update(max_new_tokens=48, num_samples_per_prompt=8, num_prompts_per_batch=4)
+  c.sampler.update(max_new_tokens=32, num_samples_per_prompt=8, num_prompts_per_batch=4)
   c.loss.update(beta_start=0.05, beta_end=0.05, beta_anneal_steps=1, beta_switch_step=1)
-  c.optim.update(learning_rate=1e-5, schedule="constant", warmup_steps=0, grad_clip_norm=1.0)
+  c.optim.update(learning_rate=2e-5, schedule="constant", warmup_steps=0, grad_clip_norm=1.0)
   c.buffer.update(num_prompts=4, samples_per_prompt=4, prefill=32)
   c.sync.update(every=2)
-  c.eval.update(every=20, num_problems=64, greedy=False, num_samples=2, max_new_tokens=48,
+  c.eval.update(every=15, num_problems=32, greedy=False, num_samples=2, max_new_tokens=32,
                 batch_size=64)
-  c.checkpoint.update(every=20)
+  c.checkpoint.update(every=15)
 
 
 def _rho1b(c):
