@@ -1,0 +1,137 @@
+r"""Sampler, trainer and weight-sync speed of a 1B-class model on one accelerator.
+
+  python benchmarks/accelerator.py --hbm_gbps 4800 --peak_tflops 989   # H200 datasheet
+  (benchmarks/gpu.sh runs this plus a short async GSM8K-format run)
+
+A random-init model of RhoMath-1B's shape (Llama, 22 layers, dim 2048,
+32 heads / 4 kv heads, vocab 32000) in bfloat16.
+- Sampler: generated tokens/s at --sampler_batches, greedy, --new_tokens, no
+  EOS; the memory-bandwidth roofline fraction = (weight bytes + mean KV-cache
+  bytes read per decode step) / decode-step time / HBM bandwidth.
+- Trainer: one TB update (float32 master weights, bfloat16 compute) on
+  --train_batch sequences of --train_len tokens; model FLOPs utilisation =
+  6 x params x tokens / step time / peak bf16 FLOP/s.
+- Weight sync: publishing the trainer's params to a searcher copy (bfloat16).
+Medians over --repeats; one line per figure, and a JSON line at the end.
+"""
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _median_seconds(fn, repeats):
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--hbm_gbps", type=float, default=4800.0)
+  parser.add_argument("--peak_tflops", type=float, default=989.0)
+  parser.add_argument("--sampler_batches", default="8,64,256")
+  parser.add_argument("--prompt_len", type=int, default=128)
+  parser.add_argument("--new_tokens", type=int, default=256)
+  parser.add_argument("--train_batch", type=int, default=16)
+  parser.add_argument("--train_len", type=int, default=640)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--small", action="store_true", help="a 2-layer model (smoke test on CPU)")
+  args = parser.parse_args()
+
+  import jax
+  import jax.numpy as jnp
+
+  from tba_jax import losses, model, sharding, train_step, weight_sync
+  from tba_jax.model import ModelConfig
+  from tba_jax.sampler import Sampler
+
+  cfg = ModelConfig(vocab_size=32000, dim=2048, mlp_dim=5632, num_layers=2 if args.small else 22,
+                    num_heads=32, num_kv_heads=4, head_dim=64, dtype="bfloat16")
+  n_params = model.count_params(cfg)
+  device = jax.devices()[0]
+  results = {"device": str(device.device_kind), "params": n_params}
+  print(f"{device.device_kind}: RhoMath-1B-shaped model, {n_params / 1e9:.2f}B params, bfloat16")
+  rng = np.random.default_rng(0)
+  mesh = sharding.make_mesh("searcher", [device])
+  params = model.init_params(cfg, 0, sharding.param_shardings(cfg, "searcher", mesh))
+  weight_bytes = n_params * 2
+
+  # ----- Sampler ----------------------------------------------------------------
+  for b in (int(x) for x in args.sampler_batches.split(",")):
+    sampler = Sampler(cfg, max_new_tokens=args.new_tokens, greedy=True, mesh=mesh,
+                      prompt_buckets=(args.prompt_len,), batch_buckets=(b,))
+    prompts = [list(rng.integers(3, cfg.vocab_size, args.prompt_len)) for _ in range(b)]
+    sampler(params, prompts, jax.random.key(0))  # compile
+    seconds = _median_seconds(lambda: sampler(params, prompts, jax.random.key(1)), args.repeats)
+    # Decode-step time from a prefill-only run (max_new_tokens=1) subtracted out.
+    prefill_only = Sampler(cfg, max_new_tokens=1, greedy=True, mesh=mesh,
+                           prompt_buckets=(args.prompt_len,), batch_buckets=(b,))
+    prefill_only(params, prompts, jax.random.key(0))
+    prefill = _median_seconds(lambda: prefill_only(params, prompts, jax.random.key(1)),
+                              args.repeats)
+    step = (seconds - prefill) / (args.new_tokens - 1)
+    mean_slots = args.prompt_len + args.new_tokens // 2
+    kv_bytes = 2 * cfg.num_layers * b * mean_slots * cfg.num_kv_heads * cfg.head_dim * 2
+    roofline = (weight_bytes + kv_bytes) / step / (args.hbm_gbps * 1e9)
+    tps = b * args.new_tokens / seconds
+    results[f"sampler_b{b}"] = {"tokens_per_s": tps, "step_ms": step * 1e3,
+                                "hbm_roofline_fraction": roofline}
+    print(f"sampler batch {b:>4}: {tps:>9.0f} tok/s, decode step {step * 1e3:6.2f} ms, "
+          f"{roofline:5.1%} of the HBM roofline")
+
+  # ----- Trainer ------------------------------------------------------------------
+  trainer_mesh = sharding.make_mesh("trainer", [device])
+  optimizer = train_step.make_optimizer(1e-5, 0.0, 1.0)
+  state = train_step.init_state(jax.tree.map(lambda x: x.astype(jnp.float32), params), optimizer,
+                                train_step.state_shardings(cfg.replace(dtype="float32"),
+                                                           optimizer, trainer_mesh))
+  update = train_step.make_update(
+      cfg.replace(dtype="float32"), optimizer, train_step.tb_loss,
+      functools.partial(losses.constant_beta, beta=0.01), trainer_mesh, temperature=0.7,
+      compute_dtype="bfloat16")
+  n, t, tc = args.train_batch, args.train_len, args.train_len // 2
+  batch = train_step.TrainBatch(
+      tokens=rng.integers(3, cfg.vocab_size, (n, t)).astype(np.int32),
+      attention_mask=np.ones((n, t), np.int32), completion_mask=np.ones((n, tc), np.float32),
+      ref_logprobs=np.full((n, tc), -2.0, np.float32),
+      behaviour_logprobs=np.full((n, tc), -2.0, np.float32),
+      rewards=rng.integers(0, 2, n).astype(np.float32),
+      group_ids=np.repeat(np.arange(n // 4), 4).astype(np.int32), versions=np.zeros(n, np.int32))
+  state, m = update(state, batch)
+  jax.block_until_ready(m)
+
+  def one_step():
+    nonlocal state
+    state, out = update(state, batch)
+    jax.block_until_ready(out)
+
+  seconds = _median_seconds(one_step, args.repeats)
+  mfu = 6 * n_params * n * t / seconds / (args.peak_tflops * 1e12)
+  results["trainer"] = {"tokens_per_s": n * t / seconds, "step_s": seconds, "mfu": mfu}
+  print(f"trainer {n} x {t} tokens: {n * t / seconds:,.0f} tok/s, {seconds:.3f} s/step, "
+        f"MFU {mfu:.1%}")
+
+  # ----- Weight sync -----------------------------------------------------------------
+  dst = sharding.param_shardings(cfg, "searcher", mesh)
+  jax.block_until_ready(weight_sync.publish(state.params, dst, dtype="bfloat16"))
+  seconds = _median_seconds(
+      lambda: jax.block_until_ready(weight_sync.publish(state.params, dst, dtype="bfloat16")),
+      args.repeats)
+  results["sync"] = {"seconds": seconds, "gb_per_s": weight_bytes / seconds / 1e9}
+  print(f"weight sync (bfloat16, {weight_bytes / 1e9:.1f} GB): {seconds * 1e3:.1f} ms, "
+        f"{weight_bytes / seconds / 1e9:.0f} GB/s")
+  print("RESULTS " + json.dumps(results))
+
+
+if __name__ == "__main__":
+  main()

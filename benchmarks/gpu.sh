@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One accelerator, a few minutes: sampler tokens/s and HBM roofline fraction, trainer MFU,
+# weight-sync time (benchmarks/accelerator.py), then a short asynchronous GSM8K-format run
+# of a random-init model of RhoMath-1B's shape. Everything goes to ${OUT:-/tmp/tba_gpu}.
+#
+#   bash benchmarks/gpu.sh                    # H200 figures by default
+#   HBM_GBPS=819 PEAK_TFLOPS=197 bash benchmarks/gpu.sh   # e.g. a TPU v5e chip
+#
+# Needs jax with the accelerator plugin, flax, optax, orbax-checkpoint, transformers,
+# ml-collections, gguf, tensorboardX (pip install -e . on a machine with network; on an
+# offline machine, carry wheels in .whl/ and they are installed first).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-/tmp/tba_gpu}"
+mkdir -p "$out"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/tba_site .whl/*.whl
+  export PYTHONPATH="/tmp/tba_site:${PYTHONPATH:-}"
+fi
+export PYTHONUNBUFFERED=1
+{
+  echo "== $(date -u) $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true)"
+  python3 benchmarks/accelerator.py --hbm_gbps "${HBM_GBPS:-4800}" --peak_tflops "${PEAK_TFLOPS:-989}"
+  echo "== short async run (random RhoMath-1B shape, arithmetic task, 20 steps)"
+  python3 -m experiments.gsm8k --config configs/gsm8k.py:rho1b --workdir "$out/run" \
+    --compilation_cache= --config.model.path=random --config.model.tokenizer=bytes \
+    --config.model.random.vocab_size=32000 --config.model.random.dim=2048 \
+    --config.model.random.mlp_dim=5632 --config.model.random.num_layers=22 \
+    --config.model.random.num_heads=32 --config.model.random.num_kv_heads=4 \
+    --config.model.random.head_dim=64 --config.task.name=arithmetic \
+    --config.task.prompt_style="{question}" --config.task.max_prompt_len=32 \
+    --config.sampler.max_new_tokens=256 --config.num_train_steps=20 --config.eval.every=0 \
+    --config.eval.num_problems=64 --config.eval.max_new_tokens=256 --config.export=False \
+    --config.buffer.prefill=140 2>&1 | tail -n 5
+  python3 - "$out/run/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+train = [r for r in rows if "loss" in r]
+print(f"async run: {len(train)} steps, median step {sorted(r['step_seconds'] for r in train)[len(train)//2]:.2f} s, "
+      f"tokens/s {sorted(r['tokens_per_second'] for r in train)[len(train)//2]:.0f}, "
+      f"staleness mean {sum(r['staleness_mean'] for r in train)/len(train):.2f}, "
+      f"trainer idle {train[-1]['trainer_idle_fraction']:.2f}, searcher busy {train[-1]['searcher_busy_fraction']:.2f}")
+PY
+} 2>&1 | tee "$out/results.txt"
