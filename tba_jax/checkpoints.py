@@ -11,6 +11,7 @@ its target sharding, so a model larger than one device loads onto a mesh.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -239,13 +240,26 @@ _GGUF_NAMES = {
 }
 
 
+def gguf_reader(path: str):
+  """A parsed GGUF file (memory-mapped). Parsing the vocabulary takes seconds, so
+  the model loader and the tokenizer share one reader per file version."""
+  stat = os.stat(path)
+  return _gguf_reader(os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _gguf_reader(path: str, mtime_ns: int, size: int):
+  import gguf
+  return gguf.GGUFReader(path)
+
+
 class _GGUF:
   """Reads a llama-architecture GGUF file under Hugging Face tensor names."""
 
   def __init__(self, path: str):
     import gguf
     self.gguf, self.path = gguf, path
-    self.reader = gguf.GGUFReader(path)
+    self.reader = gguf_reader(path)
     self.tensors = {t.name: t for t in self.reader.tensors}
     arch = self.field("general.architecture")
     if arch != "llama":

@@ -80,10 +80,11 @@ def from_pretrained(path_or_repo_id: str) -> Tokenizer:
 
 def from_gguf(path: str) -> Tokenizer:
   """The byte-level BPE tokenizer (e.g. SmolLM2's) described by a GGUF file's metadata."""
-  import gguf
   import transformers
   from tokenizers import Regex, Tokenizer as RawTokenizer, decoders, models, pre_tokenizers
-  reader = gguf.GGUFReader(path)
+
+  from tba_jax.checkpoints import gguf_reader
+  reader = gguf_reader(path)
   field = lambda k, d=None: reader.fields[k].contents() if k in reader.fields else d
   kind = field("tokenizer.ggml.model")
   if kind != "gpt2":
