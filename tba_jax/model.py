@@ -158,9 +158,7 @@ class Attention(nnx.Module):
   def __call__(self, x, positions, mask, kv, index):
     """x [B,T,D]; mask [B,T,S]; kv = None, or (k, v, layer): the stacked cache
     buffers [L,B,S,K,H] and this layer's index into them."""
-    q = jnp.einsum("BTD,DNH->BTNH", x, self.q[...])
-    k = jnp.einsum("BTD,DKH->BTKH", x, self.k[...])
-    v = jnp.einsum("BTD,DKH->BTKH", x, self.v[...])
+    q, k, v = _project(x, self.q[...], self.k[...], self.v[...])  # [B,T,N,H], [B,T,K,H] x 2
     if self.cfg.qkv_bias:
       q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
     inv_freq = rope_inv_freq(self.cfg)
@@ -182,6 +180,22 @@ class Attention(nnx.Module):
       # XLA's reference attention on CPU (exact); cuDNN/TPU kernels elsewhere.
       out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
     return jnp.einsum("BTNH,NHD->BTD", out, self.o[...]), kv
+
+
+def _project(x, *kernels):
+  """x [B,T,D] times each kernel [D, ...] -> [B,T, ...] each.
+
+  Over many tokens (training, prefill) one matmul against the concatenated
+  kernels: the wider matmul runs ~10% faster on CPU for q/k/v and gate/up, and
+  the weight copy is small next to the work. For one decode token the copy
+  would dominate, so separate matmuls. Same arithmetic either way.
+  """
+  if x.shape[1] == 1:
+    return [jnp.einsum("BTD,D...->BT...", x, w) for w in kernels]
+  flat = [w.reshape(w.shape[0], -1) for w in kernels]
+  out = jnp.einsum("BTD,DE->BTE", x, jnp.concatenate(flat, axis=1))
+  parts = jnp.split(out, np.cumsum([f.shape[1] for f in flat])[:-1], axis=-1)
+  return [p.reshape(*x.shape[:2], *w.shape[1:]) for p, w in zip(parts, kernels)]
 
 
 def _cached_attention(q, k, v, mask):
@@ -212,8 +226,8 @@ class MLP(nnx.Module):
     self.down = _param(rngs, (f, d), dt, fan_in=f)
 
   def __call__(self, x):
-    gate = jax.nn.silu(jnp.einsum("BTD,DF->BTF", x, self.gate[...]))
-    up = jnp.einsum("BTD,DF->BTF", x, self.up[...])
+    gate, up = _project(x, self.gate[...], self.up[...])  # [B,T,F] x 2
+    gate = jax.nn.silu(gate)
     return jnp.einsum("BTF,FD->BTD", gate * up, self.down[...])
 
 
