@@ -9,9 +9,10 @@ same wall-clock budget for training:
 
   async  the config as it is: searcher thread(s) generating S samples per prompt
          while the trainer trains from the buffer (m, k, reuse as configured);
-  sync   sync.mode=alternate, k=1, m=1, S=K, pre-fill of one batch: every step
-         generates B x K fresh samples with the current weights, then trains on
-         exactly them (no reuse) -- synchronous on-policy training.
+  sync   sync.mode=alternate, k=1, m=1, S=K, pre-fill of one batch, no
+         de-duplication and K entries kept per prompt: every step generates
+         B x K fresh samples with the current weights, then trains on exactly
+         them (no reuse; staleness 0) -- synchronous on-policy training.
 
 Held-out sampled accuracy is evaluated every --eval_seconds of wall-clock in
 both. Prints: time to reach --target, accuracy at the common budget, the
@@ -50,13 +51,14 @@ def _run(name, out, budget, eval_seconds, overrides):
 
 def _summary(workdir, target):
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  evals = [(r["wall_time"], r[ACC]) for r in rows if ACC in r]
   train = [r for r in rows if "loss" in r]
-  reached = next((t for t, a in evals if a >= target), None)
+  samples = {r["step"]: r["searcher_samples"] for r in train}  # generated up to each step
+  evals = [(r["wall_time"], r[ACC], samples.get(r["step"], 0)) for r in rows if ACC in r]
+  reached = next(((t, s) for t, a, s in evals if a >= target), (None, None))
   return {
       "start_accuracy": evals[0][1], "final_accuracy": evals[-1][1],
-      "best_accuracy": max(a for _, a in evals), "seconds_to_target": reached,
-      "evals": evals, "steps": len(train),
+      "best_accuracy": max(a for _, a, _ in evals), "seconds_to_target": reached[0],
+      "samples_to_target": reached[1], "evals": evals, "steps": len(train),
       "samples_generated": train[-1]["searcher_samples"],
       "trainer_idle_fraction": train[-1]["trainer_idle_fraction"],
       "searcher_busy_fraction": train[-1]["searcher_busy_fraction"],
@@ -80,7 +82,8 @@ def main():
   b, k = c.buffer.num_prompts, c.buffer.samples_per_prompt
   sync = ["--config.sync.mode=alternate", "--config.sync.every=1", "--config.buffer.m=1.0",
           f"--config.sampler.num_samples_per_prompt={k}", f"--config.sampler.num_prompts_per_batch={b}",
-          f"--config.buffer.prefill={b * k}"]
+          f"--config.buffer.prefill={b * k}", "--config.buffer.dedup=False",
+          f"--config.buffer.max_per_prompt={k}"]
   budget = int(args.minutes * 60)
   os.makedirs(args.out, exist_ok=True)
   runs = {"async": [], "sync": sync}
@@ -97,7 +100,8 @@ def main():
   print(f"\ncpu config, B={b} prompts x K={k}; async S={c.sampler.num_samples_per_prompt}, "
         f"m={c.buffer.m}, k={c.sync.every}; training budget {budget} s each; target {args.target}")
   print(f"{'':>26} {'async':>10} {'sync':>10}")
-  for key in ("start_accuracy", "final_accuracy", "best_accuracy", "seconds_to_target", "steps",
+  for key in ("start_accuracy", "final_accuracy", "best_accuracy", "seconds_to_target",
+              "samples_to_target", "steps",
               "samples_generated", "step_seconds_median", "trainer_idle_fraction",
               "searcher_busy_fraction", "staleness_mean", "staleness_max"):
     fmt = lambda v: "not reached" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))

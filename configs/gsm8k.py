@@ -104,6 +104,8 @@ def _base() -> ml_collections.ConfigDict:
       samples_per_prompt=20,     # K completions per prompt in a batch
       m=0.95,                    # probability a slot takes a prompt from the latest sync
       max_per_prompt=100,        # newest entries kept per prompt
+      dedup=True,                # an identical completion replaces the older one (False:
+                                 # kept apart; with max_per_prompt = K = S nothing is reused)
       max_entries=0,             # 0 = no global cap
       eviction="oldest",         # global cap policy: "oldest" or "lowest_reward"
       reward_weight=0.0,         # off-latest slots: weight of softmax(reward/tau) vs uniform

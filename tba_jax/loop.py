@@ -202,7 +202,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       num_microbatches=o.num_microbatches, remat=c.model.remat)
   batch_sharding = train_step.batch_shardings(trainer_mesh)
   global_buffer = ReplayBuffer(c.buffer.max_per_prompt, c.buffer.max_entries or None,
-                               c.buffer.eviction, seed=c.seed)
+                               c.buffer.eviction, seed=c.seed, dedup=c.buffer.dedup)
 
   # ----- Searchers --------------------------------------------------------------
   s = c.sampler
@@ -415,7 +415,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     stop.set()
     for t in threads:
       t.join(timeout=60)
-    signal.signal(signal.SIGTERM, previous_handler) if previous_handler is not None else None
+    if previous_handler is not None:
+      signal.signal(signal.SIGTERM, previous_handler)
     metrics_writer.close()
     checkpointer.close()
 

@@ -133,20 +133,23 @@ class ReplayBuffer:
 
   Entries carry an insertion counter (`seq`, strictly increasing, never reused):
   "newest" and "oldest" always mean by seq. A re-added completion (same prompt,
-  same tokens) replaces the old entry and gets a new seq. `eviction` applies
+  same tokens) replaces the old entry and gets a new seq; with dedup=False it is
+  kept as one more entry (with max_per_prompt = K = S, each prompt then holds
+  exactly its latest S samples: synchronous on-policy training reuses nothing). `eviction` applies
   when `max_entries` is set: "oldest" evicts the smallest seq; "lowest_reward"
   the smallest reward, ties broken by the smallest seq (the oldest goes first).
   A prompt whose last entry is evicted is forgotten (tokens, latest status).
   """
 
   def __init__(self, max_per_prompt: int = 100, max_entries: int | None = None,
-               eviction: str = "oldest", seed: int = 0):
+               eviction: str = "oldest", seed: int = 0, dedup: bool = True):
     if max_per_prompt < 1 or (max_entries is not None and max_entries < 1):
       raise ValueError(f"caps must be >= 1: max_per_prompt={max_per_prompt}, "
                        f"max_entries={max_entries}")
     if eviction not in EVICTION_POLICIES:
       raise ValueError(f"eviction={eviction!r}, expected one of {EVICTION_POLICIES}")
     self.max_per_prompt, self.max_entries, self.eviction = max_per_prompt, max_entries, eviction
+    self.dedup = dedup
     self._lock = threading.Lock()
     # The buffer owns its RNG so a checkpoint of the buffer alone reproduces future batches,
     # and hosts holding identical buffers sample identical global batches.
@@ -155,9 +158,9 @@ class ReplayBuffer:
 
   def _clear(self):
     self._prompts: dict[int, np.ndarray] = {}
-    # prompt id -> completion bytes -> (seq, entry), in seq order (a replace moves to the end).
+    # prompt id -> key (_key) -> (seq, entry), in seq order (a replace moves to the end).
     self._entries: dict[int, collections.OrderedDict[bytes, tuple[int, Entry]]] = {}
-    # seq -> (prompt id, completion bytes) for every live entry, in seq order: oldest first
+    # seq -> (prompt id, key) for every live entry, in seq order: oldest first
     # for eviction, newest last for drain_new.
     self._by_seq: collections.OrderedDict[int, tuple[int, bytes]] = collections.OrderedDict()
     self._heap: list[tuple[float, int, int, bytes]] = []  # lowest_reward only; lazily pruned
@@ -181,7 +184,7 @@ class ReplayBuffer:
         self._add_locked(e)
 
   def _add_locked(self, e: Entry) -> None:
-    pid, key = e.prompt_id, e.completion.tobytes()
+    pid, key = e.prompt_id, self._key(e, self._next_seq)
     stored = self._prompts.get(pid)
     if stored is not None and not np.array_equal(stored, e.prompt):
       raise ValueError(f"prompt id {pid}: prompt tokens differ from the ones already stored")
@@ -200,10 +203,14 @@ class ReplayBuffer:
       while len(self._by_seq) > self.max_entries:
         self._evict(*self._global_victim())
 
+  def _key(self, e: Entry, seq: int) -> bytes:
+    """Entries of a prompt are keyed by their tokens (de-dup) or by their seq."""
+    return e.completion.tobytes() if self.dedup else seq.to_bytes(8, "little")
+
   def _insert(self, e: Entry, seq: int) -> None:
     """Indexes one entry as the newest (no checks, de-dup or caps)."""
     e = dataclasses.replace(e, prompt=self._prompts.setdefault(e.prompt_id, e.prompt))
-    key = e.completion.tobytes()
+    key = self._key(e, seq)
     self._entries.setdefault(e.prompt_id, collections.OrderedDict())[key] = (seq, e)
     self._by_seq[seq] = (e.prompt_id, key)
     self._reward_sum += e.reward

@@ -85,7 +85,8 @@ class Searcher:
     self.num_prompts, self.num_samples = num_prompts, num_samples
     self.max_prompt_len, self.temperature, self.pad_id = max_prompt_len, temperature, pad_id
     self.key = jax.random.fold_in(jax.random.key(seed), searcher_id)
-    self.buffer = ReplayBuffer(max_per_prompt=10**9)  # local: drained into the global one
+    # Local staging, drained into the global buffer (which de-duplicates if configured).
+    self.buffer = ReplayBuffer(max_per_prompt=10**9, dedup=False)
     self.num_batches = 0
     self.stats = SearchStats()
     self.error: str | None = None

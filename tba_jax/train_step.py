@@ -77,27 +77,27 @@ BetaSchedule = Callable[[jax.Array], jax.Array]
 # ---------------------------------------------------------------------------
 # Loss functions with the LossFn signature.
 # ---------------------------------------------------------------------------
+def _sequence_loss(loss, token_logprobs, batch, beta, ratio_clip):
+  """A sequence-level loss from losses.py on sums over completion_mask."""
+  mask = batch.completion_mask
+  return loss(losses.masked_sum(token_logprobs, mask), losses.masked_sum(batch.ref_logprobs, mask),
+              batch.rewards, batch.group_ids, beta,
+              behaviour_logprobs=losses.masked_sum(batch.behaviour_logprobs, mask),
+              ratio_clip=ratio_clip)
+
+
 def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
             ratio_clip: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
   """VarGrad TB on sequence sums over completion_mask (losses.trajectory_balance)."""
-  mask = batch.completion_mask
-  loss, aux = losses.trajectory_balance(
-      losses.masked_sum(token_logprobs, mask), losses.masked_sum(batch.ref_logprobs, mask),
-      batch.rewards, batch.group_ids, beta,
-      behaviour_logprobs=losses.masked_sum(batch.behaviour_logprobs, mask),
-      ratio_clip=ratio_clip)
+  loss, aux = _sequence_loss(losses.trajectory_balance, token_logprobs, batch, beta, ratio_clip)
   return loss, {"log_z_mean": jnp.mean(aux.log_z), "kl": aux.kl,
                 "ratio_weight_mean": jnp.mean(aux.weights)}
 
 
 def rloo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
               ratio_clip: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-  mask = batch.completion_mask
-  loss, aux = losses.rloo(
-      losses.masked_sum(token_logprobs, mask), losses.masked_sum(batch.ref_logprobs, mask),
-      batch.rewards, batch.group_ids, beta,
-      behaviour_logprobs=losses.masked_sum(batch.behaviour_logprobs, mask),
-      ratio_clip=ratio_clip)
+  """REINFORCE leave-one-out baseline on sequence sums (losses.rloo)."""
+  loss, aux = _sequence_loss(losses.rloo, token_logprobs, batch, beta, ratio_clip)
   return loss, {"kl": aux.kl, "advantage_abs_mean": jnp.mean(jnp.abs(aux.advantages))}
 
 

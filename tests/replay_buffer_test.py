@@ -297,6 +297,31 @@ def test_duplicate_completion_is_replaced_by_the_newer_entry():
   assert es[-1].reward == 1.0 and es[-1].version == 3
 
 
+def test_without_dedup_identical_completions_stay_apart_and_only_fresh_ones_are_trained():
+  k = 4
+  buf = ReplayBuffer(max_per_prompt=k, dedup=False, seed=4)
+  old = [make_entry(0, [5, 2], version=0) for _ in range(3)] + [make_entry(0, [6, 2], version=0)]
+  buf.add_many(old)
+  buf.mark_sync()
+  # The next round samples the same completion as before (and twice): all four are kept,
+  # the older round is gone, and the batch is exactly the fresh round.
+  fresh = [make_entry(0, [5, 2], 1.0, version=1), make_entry(0, [5, 2], 1.0, version=1),
+           make_entry(0, [7, 2], 0.0, version=1), make_entry(0, [6, 2], 0.0, version=1)]
+  buf.add_many(fresh)
+  buf.mark_sync()
+  assert len(buf) == k and buf.stats()["num_replaced"] == 0
+  batch, info = buf.sample(1, k, 1.0, **SIZES)
+  assert info["versions"].tolist() == [1] * k and not info["with_replacement"][0]
+  assert sorted(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == [5, 5, 6, 7]
+  restored = ReplayBuffer(max_per_prompt=k, dedup=False)
+  restored.load_state_dict(buf.state_dict())
+  assert_same_entries(restored.entries(), buf.entries())
+  # The default de-duplicates the same round down to three entries.
+  dedup = ReplayBuffer(max_per_prompt=k)
+  dedup.add_many(fresh)
+  assert len(dedup) == 3
+
+
 def test_per_prompt_cap_keeps_the_newest():
   buf = ReplayBuffer(max_per_prompt=3)
   fill(buf, 0, 5)
