@@ -51,8 +51,13 @@ def main():
   directory, name = os.path.dirname(path), os.path.basename(path)
   tok = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
   tok.padding_side = "left"
-  model = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=name,
-                                                            dtype=torch.float32)
+  # transformers marks a model read from GGUF as quantized and its Trainer refuses to train
+  # it, so TRL gets the same dequantised float32 weights as a plain HF checkpoint.
+  hf_dir = os.path.join(args.out, "smollm2_hf")
+  cfg, params = checkpoints.load(path)
+  checkpoints.save_hf(cfg, params, hf_dir)
+  del params
+  model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
 
   task = loop.build_task(c.task, tokenizer.from_gguf(path))
   train = datasets.Dataset.from_list([{"prompt": task.prompt(p), "gold": p.gold}

@@ -97,7 +97,9 @@ def config_to_hf(cfg: ModelConfig):
       num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
       rope_parameters=rope, tie_word_embeddings=cfg.tie_embeddings,
       max_position_embeddings=cfg.max_position_embeddings, bos_token_id=cfg.bos_token_id,
-      eos_token_id=cfg.eos_token_id, torch_dtype=cfg.dtype, hidden_act="silu")
+      eos_token_id=cfg.eos_token_id, torch_dtype=cfg.dtype, hidden_act="silu",
+      # Serving stacks (vLLM, TRL's reference model) pick the model class from this.
+      architectures=[_HF_CONFIG_CLASSES[cfg.model_type].replace("Config", "ForCausalLM")])
   if cfg.model_type == "mistral":
     kw["sliding_window"] = None
   if cfg.model_type == "qwen2":

@@ -87,6 +87,8 @@ def test_save_hf_round_trip_through_transformers(variant, tmp_path):
   real = mask.astype(bool)
   np.testing.assert_allclose(got[real], ref[real], atol=1e-5, rtol=0)
   assert checkpoints.read_config(out) == cfg
+  with open(os.path.join(out, "config.json")) as f:  # serving stacks pick the class from it
+    assert json.load(f)["architectures"] == [type(hf).__name__]
 
 
 def test_save_hf_sharded_index_and_bfloat16(llama_dir, tmp_path):
