@@ -63,7 +63,8 @@ def test_async_runtime_on_8_devices_learns_and_reports_staleness(tmp_path):
 def _sync_config():
   return tiny_config(num_train_steps=3, mesh=dict(num_devices=2, num_trainer_devices=1),
                      sync=dict(mode="alternate", every=1), optim=dict(learning_rate=3e-3),
-                     buffer=dict(num_prompts=2, samples_per_prompt=4, m=1.0, prefill=8),
+                     buffer=dict(num_prompts=2, samples_per_prompt=4, m=1.0, prefill=8,
+                                 dedup=False, max_per_prompt=4),
                      sampler=dict(num_samples_per_prompt=4, num_prompts_per_batch=2),
                      export=True)
 
