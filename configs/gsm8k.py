@@ -10,7 +10,10 @@ variant has not been measured yet):
           dequantised to float32) on offline single-digit + and * problems, 1
           trainer + 1 searcher on 2 CPU devices. No network needed.
             python -m experiments.gsm8k --config configs/gsm8k.py:cpu --workdir /tmp/tba_cpu
-          Hardware: 2-core CPU. Wall-clock and accuracy before/after: BENCHMARKS.md.
+          Hardware: 2-core CPU (AMD EPYC, no accelerator). Measured 2026-11-30, seed 0,
+          cold compilation cache: 9 min 14 s wall-clock for 30 steps with 3
+          evaluations and the export; held-out sampled accuracy (32 problems x 2
+          samples, T = 0.7) 0.297 at the start, 0.812 at step 15, 0.891 at the end.
 
   rho1b   The paper's Figure 1 run: RhoMath-1B SFT (a Llama-architecture HF
           checkpoint; point model.path at it), lr 1e-5 warmup-stable-decay
