@@ -135,9 +135,10 @@ class ReplayBuffer:
   "newest" and "oldest" always mean by seq. A re-added completion (same prompt,
   same tokens) replaces the old entry and gets a new seq; with dedup=False it is
   kept as one more entry (with max_per_prompt = K = S, each prompt then holds
-  exactly its latest S samples: synchronous on-policy training reuses nothing). `eviction` applies
-  when `max_entries` is set: "oldest" evicts the smallest seq; "lowest_reward"
-  the smallest reward, ties broken by the smallest seq (the oldest goes first).
+  exactly its latest S samples: synchronous on-policy training reuses nothing).
+  `eviction` applies when `max_entries` is set: "oldest" evicts the smallest
+  seq; "lowest_reward" the smallest reward, ties broken by the smallest seq (the
+  oldest goes first).
   A prompt whose last entry is evicted is forgotten (tokens, latest status).
   """
 

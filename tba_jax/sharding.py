@@ -111,7 +111,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def cache_sharding(cfg: ModelConfig, mesh: Mesh) -> NamedSharding:
   """KV cache [L,B,K,S,H] on a searcher mesh: batch over data, kv heads over tensor."""
   t = mesh.shape["tensor"]
-  return NamedSharding(mesh, P(None, "data", "tensor" if cfg.num_kv_heads % t == 0 and t > 1 else None))
+  heads = "tensor" if cfg.num_kv_heads % t == 0 and t > 1 else None
+  return NamedSharding(mesh, P(None, "data", heads))
 
 
 def batch_size_multiple(role: str, mesh: Mesh) -> int:
