@@ -165,3 +165,29 @@ def test_resuming_under_a_different_config_is_refused(tmp_path):
   # Only observation / length keys may change: this resumes.
   longer = tiny_config(num_train_steps=3, mesh=dict(num_devices=1), buffer=dict(prefill=8))
   assert loop.run(longer, str(tmp_path), task=toy_task(longer))["step"] == 3
+
+
+def test_reference_reset_scores_later_samples_against_the_new_reference(tiny_cfg):
+  # loss.ref_reset_every calls Searcher.set_reference with the trainer's current params.
+  from tba_jax.searcher import Searcher
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  place = lambda p: weight_sync.publish(p, sharding.param_shardings(tiny_cfg, "searcher", mesh))
+  reference, policy = place(init_params(tiny_cfg, 0)), place(init_params(tiny_cfg, 1))
+  prompts = {0: [5, 6, 7], 1: [8, 9]}
+  searcher = Searcher(
+      0, model_config=tiny_cfg, sampler=Sampler(tiny_cfg, max_new_tokens=6, temperature=0.8,
+                                                mesh=mesh),
+      mesh=mesh, ref_params=reference, mailbox=weight_sync.Mailbox(3, policy),
+      stream=PromptStream([0, 1], seed=0), prompt_tokens=prompts, golds={0: 0.0, 1: 0.0},
+      decode=str, reward=lambda text, gold: 0.0, num_prompts=2, num_samples=2,
+      max_prompt_len=4, temperature=0.8, pad_id=0, seed=0)
+
+  def gap():
+    searcher.search_once()
+    entries = searcher.buffer.drain_new()
+    assert len(entries) == 4 and all(e.version == 3 for e in entries)
+    return max(np.abs(e.ref_logprobs - e.behaviour_logprobs).max() for e in entries)
+
+  assert gap() > 1e-2  # scored against the initial reference, not the sampling policy
+  searcher.set_reference(policy)
+  assert gap() < 1e-5  # the reference is now the policy that sampled
