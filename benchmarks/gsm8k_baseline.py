@@ -21,7 +21,7 @@ def main():
   parser.add_argument("--num_problems", type=int, default=200)
   parser.add_argument("--prompt_style", default="chat")
   parser.add_argument("--max_new_tokens", type=int, default=512)
-  parser.add_argument("--batch_size", type=int, default=64)
+  parser.add_argument("--batch_size", type=int, default=32)
   args = parser.parse_args()
 
   import jax
