@@ -40,7 +40,7 @@ def main():
   import trl
 
   from configs.gsm8k import get_config
-  from tba_jax import checkpoints, loop, tokenizer
+  from tba_jax import checkpoints, config_builders, tokenizer
   from tba_jax.metrics import read_jsonl
   from tba_jax.tasks import gsm8k
 
@@ -59,7 +59,7 @@ def main():
   del params
   model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
 
-  task = loop.build_task(c.task, tokenizer.from_gguf(path))
+  task = config_builders.build_task(c.task, tokenizer.from_gguf(path))
   train = datasets.Dataset.from_list([{"prompt": task.prompt(p), "gold": p.gold}
                                       for p in task.train])
   test = task.test[:c.eval.num_problems] if c.eval.num_problems else task.test

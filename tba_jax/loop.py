@@ -20,7 +20,6 @@ reports (its params version - sample version) for every trained sample.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import signal
@@ -31,129 +30,21 @@ import jax
 import numpy as np
 import tqdm
 
-from tba_jax import checkpoints, distributed, losses, sharding, train_step, weight_sync
-from tba_jax import tokenizer as tokenizer_lib
+from tba_jax import checkpoints, distributed, sharding, train_step, weight_sync
+from tba_jax import config_builders as build
 from tba_jax.checkpoint import Checkpointer
 from tba_jax.evaluation import Evaluator
 from tba_jax.metrics import MetricsWriter
-from tba_jax.model import ModelConfig, init_params
+from tba_jax.model import ModelConfig
 from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.sampler import Sampler
 from tba_jax.searcher import PromptStream, Searcher
-from tba_jax.tasks import Task, arithmetic, gsm8k
+from tba_jax.tasks import Task
 
 
 class SearcherError(RuntimeError):
   pass
 
-
-# ---------------------------------------------------------------------------
-# Building blocks read from the config.
-# ---------------------------------------------------------------------------
-def _devices(mesh_cfg, mode: str):
-  """(trainer mesh spanning all processes, [searcher mesh per local searcher], mode)."""
-  local = jax.local_devices()[:mesh_cfg.num_devices or None]
-  if len(local) == 1:
-    # One device: the roles share it and take turns.
-    mesh = sharding.make_mesh("trainer", local)
-    return mesh, [sharding.make_mesh("searcher", local)], "alternate"
-  n = mesh_cfg.num_trainer_devices
-  _, searcher_local = sharding.split_devices(local, n)
-  if len(searcher_local) % mesh_cfg.num_searchers:
-    raise ValueError(f"{len(searcher_local)} searcher devices do not split into "
-                     f"mesh.num_searchers={mesh_cfg.num_searchers} equal groups")
-  per = len(searcher_local) // mesh_cfg.num_searchers
-  searchers = [sharding.make_mesh("searcher", searcher_local[i * per:(i + 1) * per],
-                                  mesh_cfg.searcher_tensor) for i in range(mesh_cfg.num_searchers)]
-  # The trainer mesh takes the first n devices of every process.
-  trainer = [d for p in range(jax.process_count())
-             for d in [d for d in jax.devices() if d.process_index == p][:n]]
-  return sharding.make_mesh("trainer", trainer, mesh_cfg.trainer_tensor), searchers, mode
-
-
-def _load_model(model_cfg, tokenizer, dtype: str, trainer_mesh, seed: int):
-  """(ModelConfig, params on the trainer mesh)."""
-  if model_cfg.path == "random":
-    cfg = ModelConfig(**model_cfg.random.to_dict(), dtype=dtype)
-    if cfg.vocab_size < tokenizer.vocab_size:
-      raise ValueError(f"model.random.vocab_size={cfg.vocab_size} < the tokenizer's "
-                       f"{tokenizer.vocab_size} tokens")
-    return cfg, init_params(cfg, seed, sharding.param_shardings(cfg, "trainer", trainer_mesh))
-  return checkpoints.load(_model_path(model_cfg.path), dtype, mesh=trainer_mesh, role="trainer")
-
-
-def _model_path(path: str) -> str:
-  if not path:
-    raise ValueError("config.model.path is empty: give a HF directory, hub id, .gguf file, "
-                     "'smollm2' or 'random'")
-  return checkpoints.smollm2_gguf_path() if path == "smollm2" else path
-
-
-def _tokenizer(model_cfg):
-  return tokenizer_lib.load(model_cfg.tokenizer or _model_path(model_cfg.path))
-
-
-def build_task(task_cfg, tokenizer) -> Task:
-  if task_cfg.name == "gsm8k":
-    path = task_cfg.data_path or None
-    train, test = gsm8k.load("train", path), gsm8k.load("test", path)
-  elif task_cfg.name == "arithmetic":
-    a = task_cfg.arithmetic
-    train, test = arithmetic.make_problems(a.ops, a.low, a.high, seed=a.seed,
-                                           test_fraction=a.test_fraction)
-  else:
-    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, arithmetic)")
-  if task_cfg.num_train_problems:
-    train = train[:task_cfg.num_train_problems]
-  style, suffix = task_cfg.prompt_style, task_cfg.question_suffix
-  if style in ("paper", "chat"):
-    prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer)
-  else:
-    prompt = lambda p: style.format(question=p.question + suffix)
-  return Task(train=train, test=test, prompt=prompt, reward=gsm8k.reward)
-
-
-def _encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, list[int]]:
-  out = {}
-  for p in problems:
-    ids = tokenizer.encode(task.prompt(p))
-    if len(ids) > max_len:
-      raise ValueError(f"problem {p.id}: prompt of {len(ids)} tokens exceeds "
-                       f"task.max_prompt_len={max_len}")
-    out[p.id] = ids
-  return out
-
-
-def _loss_fn(loss_cfg):
-  clip = loss_cfg.ratio_clip or None
-  if loss_cfg.name == "tb":
-    return functools.partial(train_step.tb_loss, ratio_clip=clip)
-  if loss_cfg.name == "rloo":
-    return functools.partial(train_step.rloo_loss, ratio_clip=clip)
-  if loss_cfg.name == "grpo":
-    return functools.partial(train_step.grpo_loss, clip_eps=loss_cfg.ratio_clip or 0.2)
-  raise ValueError(f"unknown loss.name {loss_cfg.name!r} (tb, rloo, grpo)")
-
-
-def _beta_schedule(loss_cfg):
-  if loss_cfg.name != "tb":  # the baselines' KL coefficient
-    return functools.partial(losses.constant_beta, beta=loss_cfg.kl_coef)
-  return functools.partial(losses.linear_beta, beta_init=loss_cfg.beta_start,
-                           beta_final=loss_cfg.beta_end, anneal_steps=loss_cfg.beta_anneal_steps,
-                           stop_step=loss_cfg.beta_switch_step)
-
-
-def _lr_schedule(o, num_steps: int):
-  if o.schedule == "wsd":
-    return train_step.warmup_stable_decay(o.learning_rate, o.warmup_steps, o.stable_steps,
-                                          o.decay_steps)
-  if o.schedule == "linear":
-    return train_step.warmup_linear(o.learning_rate, o.warmup_steps, num_steps)
-  if o.schedule == "cosine":
-    return train_step.warmup_cosine(o.learning_rate, o.warmup_steps, o.decay_steps or num_steps)
-  if o.schedule == "constant":
-    return lambda step: o.learning_rate
-  raise ValueError(f"unknown optim.schedule {o.schedule!r} (wsd, linear, cosine, constant)")
 
 
 @dataclasses.dataclass
@@ -175,14 +66,15 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   is_main = jax.process_index() == 0
 
   # ----- Devices, model, task -----------------------------------------------
-  trainer_mesh, searcher_meshes, mode = _devices(c.mesh, c.sync.mode)
-  tokenizer = _tokenizer(c.model)
-  task = task or build_task(c.task, tokenizer)
+  trainer_mesh, searcher_meshes, mode = build.meshes(c.mesh, c.sync.mode)
+  tokenizer = build.load_tokenizer(c.model)
+  task = task or build.build_task(c.task, tokenizer)
   master32 = c.optim.master_weights_fp32 and c.model.dtype == "bfloat16"
-  model_cfg, params = _load_model(c.model, tokenizer, "float32" if master32 else c.model.dtype,
-                                  trainer_mesh, c.seed)
+  model_cfg, params = build.load_model(c.model, tokenizer,
+                                       "float32" if master32 else c.model.dtype, trainer_mesh,
+                                       c.seed)
   # Ids are per split (the replay buffer's prompt ids are train ids).
-  prompt_tokens = _encode_prompts(task.train, task, tokenizer, c.task.max_prompt_len)
+  prompt_tokens = build.encode_prompts(task.train, task, tokenizer, c.task.max_prompt_len)
   tp, tc = c.task.max_prompt_len, c.sampler.max_new_tokens
   searcher_dtype = c.sync.weights_dtype or c.model.dtype
   searcher_shardings = [sharding.param_shardings(model_cfg, "searcher", m) for m in searcher_meshes]
@@ -191,13 +83,13 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
 
   # ----- Trainer --------------------------------------------------------------
   o = c.optim
-  lr = _lr_schedule(o, c.num_train_steps)
+  lr = build.lr_schedule(o, c.num_train_steps)
   optimizer = train_step.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None, o.b1, o.b2)
   state = train_step.init_state(params, optimizer,
                                 train_step.state_shardings(model_cfg, optimizer, trainer_mesh))
   del params
   update = train_step.make_update(
-      model_cfg, optimizer, _loss_fn(c.loss), _beta_schedule(c.loss), trainer_mesh,
+      model_cfg, optimizer, build.loss_fn(c.loss), build.beta_schedule(c.loss), trainer_mesh,
       temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
       num_microbatches=o.num_microbatches, remat=c.model.remat)
   batch_sharding = train_step.batch_shardings(trainer_mesh)
@@ -232,7 +124,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       pad_id=tokenizer.pad_id, mesh=eval_mesh, **kw)
   evaluator = Evaluator(
       problems=eval_problems,
-      prompt_tokens=list(_encode_prompts(eval_problems, task, tokenizer, tp).values()),
+      prompt_tokens=list(build.encode_prompts(eval_problems, task, tokenizer, tp).values()),
       decode=tokenizer.decode, reward=task.reward, batch_size=e.batch_size,
       greedy=make_eval_sampler(greedy=True) if e.greedy else None,
       sampled=make_eval_sampler(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)

@@ -1,5 +1,4 @@
 """The runtime: async on 8 devices, synchronous equivalence, failures, resume checks."""
-import json
 import os
 
 import jax
@@ -7,7 +6,8 @@ import numpy as np
 import pytest
 
 from configs import gsm8k as gsm8k_config
-from tba_jax import checkpoints, loop, sharding, tokenizer as tokenizer_lib, train_step
+from tba_jax import checkpoints, config_builders, loop, sharding, train_step
+from tba_jax import tokenizer as tokenizer_lib
 from tba_jax import weight_sync
 from tba_jax.checkpoint import ConfigMismatchError
 from tba_jax.metrics import read_jsonl
@@ -23,7 +23,7 @@ def digit_reward(text: str, gold: float) -> float:
 
 
 def toy_task(config) -> Task:
-  base = loop.build_task(config.task, tokenizer_lib.byte_tokenizer())
+  base = config_builders.build_task(config.task, tokenizer_lib.byte_tokenizer())
   return Task(train=base.train, test=base.test, prompt=base.prompt, reward=digit_reward)
 
 
@@ -80,8 +80,8 @@ def _plain_synchronous_loop(c, task, tokenizer):
                                         c.optim.grad_clip_norm, c.optim.b1, c.optim.b2)
   state = train_step.init_state(params, optimizer,
                                 train_step.state_shardings(cfg, optimizer, trainer_mesh))
-  update = train_step.make_update(cfg, optimizer, loop._loss_fn(c.loss),
-                                  loop._beta_schedule(c.loss), trainer_mesh,
+  update = train_step.make_update(cfg, optimizer, config_builders.loss_fn(c.loss),
+                                  config_builders.beta_schedule(c.loss), trainer_mesh,
                                   temperature=c.sampler.temperature)
   to_searcher = lambda p: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher",
                                                                           searcher_mesh))

@@ -1,0 +1,119 @@
+"""Runtime pieces built from config sections: devices, model, tokenizer, task, loss,
+schedules. tba_jax.loop.run wires them together; tests and benchmarks build the
+same pieces from the same config."""
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from tba_jax import checkpoints, losses, sharding, train_step
+from tba_jax import tokenizer as tokenizer_lib
+from tba_jax.model import ModelConfig, init_params
+from tba_jax.tasks import Task, arithmetic, gsm8k
+
+
+def meshes(mesh_cfg, mode: str):
+  """(trainer mesh spanning all processes, [searcher mesh per local searcher], mode)."""
+  local = jax.local_devices()[:mesh_cfg.num_devices or None]
+  if len(local) == 1:
+    # One device: the roles share it and take turns.
+    mesh = sharding.make_mesh("trainer", local)
+    return mesh, [sharding.make_mesh("searcher", local)], "alternate"
+  n = mesh_cfg.num_trainer_devices
+  _, searcher_local = sharding.split_devices(local, n)
+  if len(searcher_local) % mesh_cfg.num_searchers:
+    raise ValueError(f"{len(searcher_local)} searcher devices do not split into "
+                     f"mesh.num_searchers={mesh_cfg.num_searchers} equal groups")
+  per = len(searcher_local) // mesh_cfg.num_searchers
+  searchers = [sharding.make_mesh("searcher", searcher_local[i * per:(i + 1) * per],
+                                  mesh_cfg.searcher_tensor) for i in range(mesh_cfg.num_searchers)]
+  # The trainer mesh takes the first n devices of every process.
+  trainer = [d for p in range(jax.process_count())
+             for d in [d for d in jax.devices() if d.process_index == p][:n]]
+  return sharding.make_mesh("trainer", trainer, mesh_cfg.trainer_tensor), searchers, mode
+
+
+def load_model(model_cfg, tokenizer, dtype: str, trainer_mesh, seed: int):
+  """(ModelConfig, params on the trainer mesh)."""
+  if model_cfg.path == "random":
+    cfg = ModelConfig(**model_cfg.random.to_dict(), dtype=dtype)
+    if cfg.vocab_size < tokenizer.vocab_size:
+      raise ValueError(f"model.random.vocab_size={cfg.vocab_size} < the tokenizer's "
+                       f"{tokenizer.vocab_size} tokens")
+    return cfg, init_params(cfg, seed, sharding.param_shardings(cfg, "trainer", trainer_mesh))
+  return checkpoints.load(model_path(model_cfg.path), dtype, mesh=trainer_mesh, role="trainer")
+
+
+def model_path(path: str) -> str:
+  if not path:
+    raise ValueError("config.model.path is empty: give a HF directory, hub id, .gguf file, "
+                     "'smollm2' or 'random'")
+  return checkpoints.smollm2_gguf_path() if path == "smollm2" else path
+
+
+def load_tokenizer(model_cfg):
+  return tokenizer_lib.load(model_cfg.tokenizer or model_path(model_cfg.path))
+
+
+def build_task(task_cfg, tokenizer) -> Task:
+  if task_cfg.name == "gsm8k":
+    path = task_cfg.data_path or None
+    train, test = gsm8k.load("train", path), gsm8k.load("test", path)
+  elif task_cfg.name == "arithmetic":
+    a = task_cfg.arithmetic
+    train, test = arithmetic.make_problems(a.ops, a.low, a.high, seed=a.seed,
+                                           test_fraction=a.test_fraction)
+  else:
+    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, arithmetic)")
+  if task_cfg.num_train_problems:
+    train = train[:task_cfg.num_train_problems]
+  style, suffix = task_cfg.prompt_style, task_cfg.question_suffix
+  if style in ("paper", "chat"):
+    prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer)
+  else:
+    prompt = lambda p: style.format(question=p.question + suffix)
+  return Task(train=train, test=test, prompt=prompt, reward=gsm8k.reward)
+
+
+def encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, list[int]]:
+  out = {}
+  for p in problems:
+    ids = tokenizer.encode(task.prompt(p))
+    if len(ids) > max_len:
+      raise ValueError(f"problem {p.id}: prompt of {len(ids)} tokens exceeds "
+                       f"task.max_prompt_len={max_len}")
+    out[p.id] = ids
+  return out
+
+
+def loss_fn(loss_cfg):
+  clip = loss_cfg.ratio_clip or None
+  if loss_cfg.name == "tb":
+    return functools.partial(train_step.tb_loss, ratio_clip=clip)
+  if loss_cfg.name == "rloo":
+    return functools.partial(train_step.rloo_loss, ratio_clip=clip)
+  if loss_cfg.name == "grpo":
+    return functools.partial(train_step.grpo_loss, clip_eps=loss_cfg.ratio_clip or 0.2)
+  raise ValueError(f"unknown loss.name {loss_cfg.name!r} (tb, rloo, grpo)")
+
+
+def beta_schedule(loss_cfg):
+  if loss_cfg.name != "tb":  # the baselines' KL coefficient
+    return functools.partial(losses.constant_beta, beta=loss_cfg.kl_coef)
+  return functools.partial(losses.linear_beta, beta_init=loss_cfg.beta_start,
+                           beta_final=loss_cfg.beta_end, anneal_steps=loss_cfg.beta_anneal_steps,
+                           stop_step=loss_cfg.beta_switch_step)
+
+
+def lr_schedule(o, num_steps: int):
+  if o.schedule == "wsd":
+    return train_step.warmup_stable_decay(o.learning_rate, o.warmup_steps, o.stable_steps,
+                                          o.decay_steps)
+  if o.schedule == "linear":
+    return train_step.warmup_linear(o.learning_rate, o.warmup_steps, num_steps)
+  if o.schedule == "cosine":
+    return train_step.warmup_cosine(o.learning_rate, o.warmup_steps, o.decay_steps or num_steps)
+  if o.schedule == "constant":
+    return lambda step: o.learning_rate
+  raise ValueError(f"unknown optim.schedule {o.schedule!r} (wsd, linear, cosine, constant)")
