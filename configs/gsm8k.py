@@ -41,7 +41,7 @@ def _base() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.num_train_steps = 700
-  c.max_train_seconds = 0  # > 0: also stop training after this much wall-clock (benchmarks)
+  c.max_train_seconds = 0.0  # > 0: also stop training after this much wall-clock (benchmarks)
 
   c.model = dict(
       path="",            # HF directory, hub id, .gguf file, "smollm2" (PyPI package) or "random"

@@ -139,7 +139,10 @@ def test_synchronous_mode_equals_a_plain_synchronous_loop(tmp_path):
 
 
 def test_searcher_failure_stops_the_run_with_its_traceback_and_a_checkpoint(tmp_path):
-  c = tiny_config(num_train_steps=50, mesh=dict(num_devices=2, num_trainer_devices=1),
+  # The trainer never waits for searchers, so it gets more steps than it can take before the
+  # failure; the time limit ends the run (and fails the test) if the searcher never fails.
+  c = tiny_config(num_train_steps=100_000, max_train_seconds=120.0,
+                  mesh=dict(num_devices=2, num_trainer_devices=1),
                   sync=dict(mode="async", every=1), buffer=dict(prefill=8))
   calls = {"n": 0}
 
