@@ -42,9 +42,9 @@ def _best(repeats, fn):
 def _decode_matrices(params):
   """Per-layer matmul weights as [L, in, out] (jax layout), and the LM head [D, V]."""
   a, m = params["layers"]["attn"], params["layers"]["mlp"]
-  flat = lambda w: w.reshape(w.shape[0], w.shape[1], -1)
-  mats = [flat(a["q"]), flat(a["k"]), flat(a["v"]), a["o"].reshape(a["o"].shape[0], -1,
-                                                                    a["o"].shape[-1]),
+  heads_out = lambda w: w.reshape(w.shape[0], w.shape[1], -1)  # [L,D,N,H] -> [L,D,N*H]
+  heads_in = lambda w: w.reshape(w.shape[0], -1, w.shape[-1])  # [L,N,H,D] -> [L,N*H,D]
+  mats = [heads_out(a["q"]), heads_out(a["k"]), heads_out(a["v"]), heads_in(a["o"]),
           m["gate"], m["up"], m["down"]]
   head = params["lm_head"] if "lm_head" in params else params["embed"].T
   return [np.asarray(w) for w in mats], np.ascontiguousarray(np.asarray(head))
