@@ -19,7 +19,6 @@ For each batch B, measured in this one process:
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -30,13 +29,8 @@ sys.path.insert(0, HERE)
 import sampler as sampler_bench  # noqa: E402  (benchmarks/sampler.py)
 
 
-def _best(repeats, fn):
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return min(times)
+def _best_seconds(repeats, fn):
+  return sampler_bench._best_of(repeats, fn)[0]
 
 
 def _decode_matrices(params):
@@ -64,7 +58,7 @@ def _jax_matmul_seconds(mats, head, batch, repeats):
     return jax.lax.fori_loop(0, mats[0].shape[0], layer, 0.0) + jnp.dot(x_head, head).sum()
 
   step(mats, head).block_until_ready()
-  return _best(repeats, lambda: step(mats, head).block_until_ready())
+  return _best_seconds(repeats, lambda: step(mats, head).block_until_ready())
 
 
 def _torch_matmul_seconds(mats, head, batch, repeats):
@@ -83,7 +77,7 @@ def _torch_matmul_seconds(mats, head, batch, repeats):
       torch.nn.functional.linear(x_head, head)
 
   step()
-  return _best(repeats, step)
+  return _best_seconds(repeats, step)
 
 
 def _read_gbps(repeats):
@@ -92,7 +86,7 @@ def _read_gbps(repeats):
   x = jnp.ones((256, 1024, 1024), jnp.float32) * 0.5  # 1 GiB
   total = jax.jit(jnp.sum)
   total(x).block_until_ready()
-  return x.nbytes / _best(repeats, lambda: total(x).block_until_ready()) / 1e9
+  return x.nbytes / _best_seconds(repeats, lambda: total(x).block_until_ready()) / 1e9
 
 
 def main():
@@ -125,8 +119,8 @@ def main():
     make = lambda new: sampler.Sampler(cfg, max_new_tokens=new, greedy=True, pad_id=tok.pad_id)
     whole, prefill_only = make(n), make(1)
     whole(params, prompts, key), prefill_only(params, prompts, key)  # compile
-    total = _best(args.repeats, lambda: whole(params, prompts, key))
-    prefill = _best(args.repeats, lambda: prefill_only(params, prompts, key))
+    total = _best_seconds(args.repeats, lambda: whole(params, prompts, key))
+    prefill = _best_seconds(args.repeats, lambda: prefill_only(params, prompts, key))
     step = (total - prefill) / (n - 1)
     mm_jax = _jax_matmul_seconds(mats, head, b, args.repeats)
     mm_torch = _torch_matmul_seconds(mats, head, b, args.repeats)

@@ -13,7 +13,7 @@ from tba_jax.checkpoint import ConfigMismatchError
 from tba_jax.metrics import read_jsonl
 from tba_jax.model import ModelConfig, init_params
 from tba_jax.sampler import Sampler
-from tba_jax.searcher import PromptStream
+from tba_jax.searcher import PromptStream, Searcher
 from tba_jax.tasks import Task
 
 
@@ -174,7 +174,6 @@ def test_resuming_under_a_different_config_is_refused(tmp_path):
 
 def test_reference_reset_scores_later_samples_against_the_new_reference(tiny_cfg):
   # loss.ref_reset_every calls Searcher.set_reference with the trainer's current params.
-  from tba_jax.searcher import Searcher
   mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
   place = lambda p: weight_sync.publish(p, sharding.param_shardings(tiny_cfg, "searcher", mesh))
   reference, policy = place(init_params(tiny_cfg, 0)), place(init_params(tiny_cfg, 1))
