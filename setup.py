@@ -19,7 +19,6 @@ setup(
         "safetensors>=0.5",
         "gguf>=0.17",
         "huggingface_hub",
-        "chex>=0.1.90",
         "tqdm",
         "matplotlib",
         "tensorboardX",

@@ -112,7 +112,6 @@ def _run_jax(args, row):
 
 
 def _run_torch(args, row):
-  import numpy as np
   import torch
   import transformers
   from tba_jax import checkpoints

@@ -14,8 +14,8 @@ import os
 import jax
 import numpy as np
 
-from tba_jax import replay_buffer
-from tba_jax.replay_buffer import Entry
+from tba_jax import entries as entries_lib
+from tba_jax.entries import Entry
 
 
 def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1) -> bool:
@@ -53,12 +53,12 @@ def all_gather_entries(entries: list[Entry], *, max_prompt_len: int,
   from jax.experimental import multihost_utils
   counts = np.asarray(multihost_utils.process_allgather(np.int32(len(entries))))
   rows = max(int(counts.max()), 1)
-  packed = replay_buffer.pack(entries, max_prompt_len=max_prompt_len,
+  packed = entries_lib.pack(entries, max_prompt_len=max_prompt_len,
                               max_completion_len=max_completion_len, num_rows=rows)
   gathered = multihost_utils.process_allgather(packed)  # each leaf gains a leading [hosts] axis
   out = []
   for host in range(jax.process_count()):
-    out.extend(replay_buffer.unpack({k: np.asarray(v[host]) for k, v in gathered.items()}))
+    out.extend(entries_lib.unpack({k: np.asarray(v[host]) for k, v in gathered.items()}))
   return out
 
 

@@ -4,8 +4,8 @@
   buf.add(entry) / buf.add_many(entries)       # searchers or merges; thread-safe
   buf.mark_sync()                               # trainer, once per weight sync
   batch, info = buf.sample(P, K, m, max_prompt_len=Tp, max_completion_len=Tc, pad_id=pad)
-  arrays = pack(local.drain_new(), max_prompt_len=Tp, max_completion_len=Tc)
-  global_buf.add_many(unpack(arrays))           # same entries, same order -> same buffer
+  arrays = entries.pack(local.drain_new(), max_prompt_len=Tp, max_completion_len=Tc)
+  global_buf.add_many(entries.unpack(arrays))   # same entries, same order -> same buffer
   global_buf.load_state_dict(old.state_dict())  # exact, including the RNG
 
 Sync windows. `mark_sync()` closes a window: the prompts that received at least
@@ -33,78 +33,15 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from tba_jax.entries import (PER_TOKEN_FIELDS, SCALAR_FIELDS, Entry, check_fits, frozen,
+                             normalized)
 from tba_jax.train_step import TrainBatch
 
 EVICTION_POLICIES = ("oldest", "lowest_reward")
-# Entry fields as (name, dtype): one value per entry, and one per completion token. pack,
-# unpack and state_dict are written over these tables; the 32-bit types survive a JAX
-# all-gather (no x64) unchanged.
-_SCALARS = (("prompt_id", np.int32), ("reward", np.float32), ("version", np.int32),
-            ("searcher_id", np.int32), ("ended_with_eos", np.int32))
-_PER_TOKEN = (("completion", np.int32), ("ref_logprobs", np.float32),
-              ("behaviour_logprobs", np.float32))
 # The variable-length arrays of state_dict, in the order of its `sizes` array.
-_STATE_ARRAYS = (("seq", "length") + tuple(n for n, _ in _SCALARS + _PER_TOKEN) +
+_STATE_ARRAYS = (("seq", "length") + tuple(n for n, _ in SCALAR_FIELDS + PER_TOKEN_FIELDS) +
                  ("prompt_table_ids", "prompt_table_lens", "prompt_table_tokens", "pending",
                   "latest", "latest_left"))
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Entry:
-  """One scored completion; arrays are 1-D and unpadded (length = completion size)."""
-  prompt_id: int
-  prompt: np.ndarray              # [Lp] int32, shared by all entries of the prompt
-  completion: np.ndarray          # [L] int32, the EOS token included when ended_with_eos
-  reward: float
-  ref_logprobs: np.ndarray        # [L] float32 per-token reference log-probs (tempered)
-  behaviour_logprobs: np.ndarray  # [L] float32 per-token log-probs of the sampling policy
-  version: int                    # policy version (trainer step of the weights) that sampled it
-  searcher_id: int = 0
-  ended_with_eos: bool = False    # False: truncated at the max length, no EOS
-
-  @property
-  def length(self) -> int:
-    return int(self.completion.shape[0])
-
-  @property
-  def ref_logprob_sum(self) -> float:
-    """log pi_ref(y|x) over all completion tokens (EOS included)."""
-    return float(np.sum(self.ref_logprobs, dtype=np.float64))
-
-
-def _frozen(x, dtype) -> np.ndarray:
-  # A private read-only copy: callers cannot corrupt stored entries, and batches can be
-  # built from entries outside the lock.
-  a = np.array(x, dtype=dtype).reshape(-1)
-  a.flags.writeable = False
-  return a
-
-
-def _normalized(e: Entry) -> Entry:
-  completion = _frozen(e.completion, np.int32)
-  ref, beh = _frozen(e.ref_logprobs, np.float32), _frozen(e.behaviour_logprobs, np.float32)
-  if ref.shape != completion.shape or beh.shape != completion.shape:
-    raise ValueError(f"prompt id {e.prompt_id}: {completion.size} completion tokens but "
-                     f"{ref.size} reference and {beh.size} behaviour log-probs")
-  if e.ended_with_eos and completion.size == 0:
-    raise ValueError(f"prompt id {e.prompt_id}: ended_with_eos with an empty completion")
-  if not np.isfinite(e.reward):
-    raise ValueError(f"prompt id {e.prompt_id}: non-finite reward {e.reward}")
-  # Rewards are rounded to float32 on entry so pack/unpack (32-bit, which survives a JAX
-  # all-gather without x64) is lossless and every host holds bit-identical buffers.
-  return Entry(int(e.prompt_id), _frozen(e.prompt, np.int32), completion,
-               float(np.float32(e.reward)), ref, beh, int(e.version), int(e.searcher_id),
-               bool(e.ended_with_eos))
-
-
-def _check_fits(entries: Iterable[Entry], max_prompt_len: int, max_completion_len: int):
-  for e in entries:
-    if e.prompt.size > max_prompt_len:
-      raise ValueError(f"prompt id {e.prompt_id}: prompt has {e.prompt.size} tokens, more than "
-                       f"max_prompt_len={max_prompt_len}")
-    if e.length > max_completion_len:
-      raise ValueError(f"prompt id {e.prompt_id}: completion has {e.length} tokens, more than "
-                       f"max_completion_len={max_completion_len}")
 
 
 def entry_probs(rewards: np.ndarray, tau: float, reward_weight: float) -> np.ndarray:
@@ -179,7 +116,7 @@ class ReplayBuffer:
 
   def add_many(self, entries: Iterable[Entry]) -> None:
     """Adds in order, atomically with respect to sample/drain/state_dict."""
-    entries = [_normalized(e) for e in entries]  # validate and copy outside the lock
+    entries = [normalized(e) for e in entries]  # validate and copy outside the lock
     with self._lock:
       for e in entries:
         self._add_locked(e)
@@ -332,7 +269,7 @@ class ReplayBuffer:
       try:
         slots, fallback = self._select(num_prompts, k, m, rng, latest_left, reward_tau,
                                        reward_weight)
-        _check_fits((e for s in slots for _, e in s[3]), max_prompt_len, max_completion_len)
+        check_fits((e for s in slots for _, e in s[3]), max_prompt_len, max_completion_len)
       except BaseException:
         rng.bit_generator.state = rng_state
         raise
@@ -388,8 +325,8 @@ class ReplayBuffer:
       es = [self._entries[p][k][1] for p, k in self._by_seq.values()]
       pids = sorted(self._prompts)
       arrays = {"seq": (list(self._by_seq), np.int64), "length": ([e.length for e in es], np.int64)}
-      arrays.update({n: ([getattr(e, n) for e in es], dt) for n, dt in _SCALARS})
-      arrays.update({n: (_cat([getattr(e, n) for e in es]), dt) for n, dt in _PER_TOKEN})
+      arrays.update({n: ([getattr(e, n) for e in es], dt) for n, dt in SCALAR_FIELDS})
+      arrays.update({n: (_cat([getattr(e, n) for e in es]), dt) for n, dt in PER_TOKEN_FIELDS})
       arrays.update(
           prompt_table_ids=(pids, np.int64),
           prompt_table_lens=([self._prompts[p].size for p in pids], np.int64),
@@ -415,12 +352,12 @@ class ReplayBuffer:
       self._clear()
       off = np.concatenate([[0], np.cumsum(s["prompt_table_lens"])])
       for i, pid in enumerate(s["prompt_table_ids"].tolist()):
-        self._prompts[pid] = _frozen(s["prompt_table_tokens"][off[i]:off[i + 1]], np.int32)
+        self._prompts[pid] = frozen(s["prompt_table_tokens"][off[i]:off[i + 1]], np.int32)
       off = np.concatenate([[0], np.cumsum(s["length"])])
       for i, seq in enumerate(s["seq"].tolist()):  # in seq order, so every dict order holds
-        fields = {n: s[n][i].item() for n, _ in _SCALARS}
-        fields.update({n: s[n][off[i]:off[i + 1]] for n, _ in _PER_TOKEN})
-        self._insert(_normalized(Entry(prompt=self._prompts[fields["prompt_id"]], **fields)), seq)
+        fields = {n: s[n][i].item() for n, _ in SCALAR_FIELDS}
+        fields.update({n: s[n][off[i]:off[i + 1]] for n, _ in PER_TOKEN_FIELDS})
+        self._insert(normalized(Entry(prompt=self._prompts[fields["prompt_id"]], **fields)), seq)
       self._pending = set(s["pending"].tolist())
       self._latest, self._latest_left = s["latest"].tolist(), s["latest_left"].tolist()
       (self._next_seq, self._drain_from, self._num_syncs, self._num_added, self._num_replaced,
@@ -457,43 +394,3 @@ def _layout(entries: Sequence[Entry], tp: int, tc: int, pad_id: int,
       behaviour_logprobs=beh, rewards=np.array([e.reward for e in entries], np.float32),
       group_ids=np.array([e.prompt_id for e in entries], np.int32),
       versions=np.array([e.version for e in entries], np.int32))
-
-
-# --- Crossing hosts: fixed-width 32-bit arrays (a JAX all-gather keeps them exact) --------
-def pack(entries: Sequence[Entry], *, max_prompt_len: int, max_completion_len: int,
-         num_rows: int | None = None) -> dict[str, np.ndarray]:
-  """Entries as zero-padded arrays of `num_rows` rows (default len(entries)).
-
-  For a padded, size-first all-gather: gather the counts, pack every host's
-  entries to the largest count, gather, then `unpack` each host's slice in
-  process order. Keys: the Entry field names, `prompt_len`, `length`, and
-  `count` (0-d, how many rows are real).
-  """
-  n = len(entries)
-  rows = n if num_rows is None else num_rows
-  if rows < n:
-    raise ValueError(f"num_rows={rows} < {n} entries")
-  _check_fits(entries, max_prompt_len, max_completion_len)
-  out = {"count": np.array(n, np.int32), "prompt_len": np.zeros(rows, np.int32),
-         "length": np.zeros(rows, np.int32), "prompt": np.zeros((rows, max_prompt_len), np.int32)}
-  out.update({name: np.zeros(rows, dt) for name, dt in _SCALARS})
-  out.update({name: np.zeros((rows, max_completion_len), dt) for name, dt in _PER_TOKEN})
-  for i, e in enumerate(entries):
-    out["prompt_len"][i], out["length"][i] = e.prompt.size, e.length
-    out["prompt"][i, :e.prompt.size] = e.prompt
-    for name, _ in _SCALARS:
-      out[name][i] = getattr(e, name)
-    for name, _ in _PER_TOKEN:
-      out[name][i, :e.length] = getattr(e, name)
-  return out
-
-
-def unpack(arrays: dict[str, np.ndarray]) -> list[Entry]:
-  """The first `count` rows of a `pack` layout back to (validated, copied) entries."""
-  a = {k: np.asarray(v) for k, v in arrays.items()}
-  out = []
-  for i in range(int(a["count"])):
-    fields = {n: a[n][i].item() for n, _ in _SCALARS}
-    fields.update({n: a[n][i, :a["length"][i]] for n, _ in _PER_TOKEN})
-    out.append(_normalized(Entry(prompt=a["prompt"][i, :a["prompt_len"][i]], **fields)))
-  return out

@@ -21,7 +21,8 @@ import numpy as np
 
 from tba_jax import sharding, train_step
 from tba_jax.model import ModelConfig, Params
-from tba_jax.replay_buffer import Entry, ReplayBuffer
+from tba_jax.entries import Entry
+from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.sampler import Sampler
 from tba_jax.weight_sync import Mailbox
 

@@ -7,9 +7,9 @@ import sys
 
 import numpy as np
 
-from tba_jax import distributed, replay_buffer
+from tba_jax import distributed, entries
 from tba_jax.metrics import read_jsonl
-from tba_jax.replay_buffer import Entry
+from tba_jax.entries import Entry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -58,5 +58,5 @@ def test_all_gather_entries_is_identity_in_one_process():
             version=2, searcher_id=1, ended_with_eos=True)
   out = distributed.all_gather_entries([e], max_prompt_len=4, max_completion_len=4)
   assert len(out) == 1 and out[0].prompt_id == 3 and list(out[0].completion) == [7, 1]
-  packed = replay_buffer.pack([e], max_prompt_len=4, max_completion_len=4, num_rows=3)
+  packed = entries.pack([e], max_prompt_len=4, max_completion_len=4, num_rows=3)
   assert int(packed["count"]) == 1 and packed["completion"].shape == (3, 4)

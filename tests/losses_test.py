@@ -1,6 +1,5 @@
 """TB loss, baselines, schedules and masks against independent NumPy references."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

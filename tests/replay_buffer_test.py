@@ -6,8 +6,10 @@ import threading
 import numpy as np
 import pytest
 
+from tba_jax import entries as entries_lib
 from tba_jax import replay_buffer as rb
-from tba_jax.replay_buffer import Entry, ReplayBuffer
+from tba_jax.entries import Entry
+from tba_jax.replay_buffer import ReplayBuffer
 
 SIZES = dict(max_prompt_len=6, max_completion_len=8, pad_id=0)
 
@@ -111,7 +113,7 @@ def test_oversize_prompt_or_completion_names_the_prompt_and_changes_nothing():
     buf.sample(1, 1, 1.0, max_prompt_len=2, max_completion_len=6, pad_id=0)
   assert_same_state(before, buf.state_dict())  # latest pool and RNG untouched by the failures
   with pytest.raises(ValueError, match="prompt id 7"):
-    rb.pack(buf.entries(), max_prompt_len=3, max_completion_len=5)
+    entries_lib.pack(buf.entries(), max_prompt_len=3, max_completion_len=5)
 
 
 def test_sampling_an_empty_buffer_raises():
@@ -458,14 +460,14 @@ def test_pack_unpack_round_trips_with_padding_rows():
   entries = [make_entry(4, [3, 2], 0.25, 7, True, prompt=[1, 2, 3], searcher=2),
              make_entry(9, [5, 6, 7, 8], -1.5, 8, False, prompt=[4], searcher=1),
              make_entry(4, [2], 1.0, 9, True, prompt=[1, 2, 3])]
-  arrays = rb.pack(entries, max_prompt_len=3, max_completion_len=4, num_rows=5)
+  arrays = entries_lib.pack(entries, max_prompt_len=3, max_completion_len=4, num_rows=5)
   assert int(arrays["count"]) == 3
   assert all(v.shape[:1] == (5,) for k, v in arrays.items() if k != "count")
   assert all(v.dtype.itemsize == 4 for v in arrays.values())  # survives an x32 all-gather
   assert not arrays["completion"][3:].any() and not arrays["ref_logprobs"][3:].any()
-  assert_same_entries(rb.unpack(arrays), entries)
+  assert_same_entries(entries_lib.unpack(arrays), entries)
   with pytest.raises(ValueError, match="num_rows=2"):
-    rb.pack(entries, max_prompt_len=3, max_completion_len=4, num_rows=2)
+    entries_lib.pack(entries, max_prompt_len=3, max_completion_len=4, num_rows=2)
 
 
 def test_merging_the_same_entries_in_the_same_order_gives_identical_buffers():
@@ -478,11 +480,11 @@ def test_merging_the_same_entries_in_the_same_order_gives_identical_buffers():
     drained = [local.drain_new() for local in searchers]
     assert [len(d) for d in drained] == [10, 10]  # only what arrived since the last drain
     width = max(len(d) for d in drained)  # size-first: every host packs to the same rows
-    gathered = [rb.pack(d, max_prompt_len=4, max_completion_len=4, num_rows=width)
+    gathered = [entries_lib.pack(d, max_prompt_len=4, max_completion_len=4, num_rows=width)
                 for d in drained]
     for g in globals_:
       for arrays in gathered:
-        g.add_many(rb.unpack(arrays))
+        g.add_many(entries_lib.unpack(arrays))
       g.mark_sync()
   assert_same_state(globals_[0].state_dict(), globals_[1].state_dict())
   ba, ia = globals_[0].sample(3, 2, 0.5, **SIZES)

@@ -2,7 +2,6 @@
 import collections
 import functools
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -1,0 +1,121 @@
+"""Replay-buffer entries: one scored completion, validation, and the fixed-width
+32-bit wire format (`pack` / `unpack`) that crosses hosts in an all-gather.
+
+  arrays = pack(entries, max_prompt_len=Tp, max_completion_len=Tc, num_rows=R)
+  same = unpack(arrays)                          # validated copies, same order
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Sequence
+
+import numpy as np
+
+# Entry fields as (name, dtype): one value per entry, and one per completion token. pack
+# and unpack are written over these tables; the 32-bit types survive a JAX
+# all-gather (no x64) unchanged.
+# (ReplayBuffer.state_dict uses them too.)
+SCALAR_FIELDS = (("prompt_id", np.int32), ("reward", np.float32), ("version", np.int32),
+                 ("searcher_id", np.int32), ("ended_with_eos", np.int32))
+PER_TOKEN_FIELDS = (("completion", np.int32), ("ref_logprobs", np.float32),
+                    ("behaviour_logprobs", np.float32))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Entry:
+  """One scored completion; arrays are 1-D and unpadded (length = completion size)."""
+  prompt_id: int
+  prompt: np.ndarray              # [Lp] int32, shared by all entries of the prompt
+  completion: np.ndarray          # [L] int32, the EOS token included when ended_with_eos
+  reward: float
+  ref_logprobs: np.ndarray        # [L] float32 per-token reference log-probs (tempered)
+  behaviour_logprobs: np.ndarray  # [L] float32 per-token log-probs of the sampling policy
+  version: int                    # policy version (trainer step of the weights) that sampled it
+  searcher_id: int = 0
+  ended_with_eos: bool = False    # False: truncated at the max length, no EOS
+
+  @property
+  def length(self) -> int:
+    return int(self.completion.shape[0])
+
+  @property
+  def ref_logprob_sum(self) -> float:
+    """log pi_ref(y|x) over all completion tokens (EOS included)."""
+    return float(np.sum(self.ref_logprobs, dtype=np.float64))
+
+
+def frozen(x, dtype) -> np.ndarray:
+  """A private read-only 1-D copy: callers cannot corrupt stored entries, and batches can
+  be built from entries outside the buffer's lock."""
+  a = np.array(x, dtype=dtype).reshape(-1)
+  a.flags.writeable = False
+  return a
+
+
+def normalized(e: Entry) -> Entry:
+  """A validated copy with frozen arrays and plain Python scalars."""
+  completion = frozen(e.completion, np.int32)
+  ref, beh = frozen(e.ref_logprobs, np.float32), frozen(e.behaviour_logprobs, np.float32)
+  if ref.shape != completion.shape or beh.shape != completion.shape:
+    raise ValueError(f"prompt id {e.prompt_id}: {completion.size} completion tokens but "
+                     f"{ref.size} reference and {beh.size} behaviour log-probs")
+  if e.ended_with_eos and completion.size == 0:
+    raise ValueError(f"prompt id {e.prompt_id}: ended_with_eos with an empty completion")
+  if not np.isfinite(e.reward):
+    raise ValueError(f"prompt id {e.prompt_id}: non-finite reward {e.reward}")
+  # Rewards are rounded to float32 on entry so pack/unpack (32-bit, which survives a JAX
+  # all-gather without x64) is lossless and every host holds bit-identical buffers.
+  return Entry(int(e.prompt_id), frozen(e.prompt, np.int32), completion,
+               float(np.float32(e.reward)), ref, beh, int(e.version), int(e.searcher_id),
+               bool(e.ended_with_eos))
+
+
+def check_fits(entries: Iterable[Entry], max_prompt_len: int, max_completion_len: int):
+  """Raises ValueError naming the first entry longer than the given widths."""
+  for e in entries:
+    if e.prompt.size > max_prompt_len:
+      raise ValueError(f"prompt id {e.prompt_id}: prompt has {e.prompt.size} tokens, more than "
+                       f"max_prompt_len={max_prompt_len}")
+    if e.length > max_completion_len:
+      raise ValueError(f"prompt id {e.prompt_id}: completion has {e.length} tokens, more than "
+                       f"max_completion_len={max_completion_len}")
+
+
+# --- Crossing hosts: fixed-width 32-bit arrays (a JAX all-gather keeps them exact) --------
+def pack(entries: Sequence[Entry], *, max_prompt_len: int, max_completion_len: int,
+         num_rows: int | None = None) -> dict[str, np.ndarray]:
+  """Entries as zero-padded arrays of `num_rows` rows (default len(entries)).
+
+  For a padded, size-first all-gather: gather the counts, pack every host's
+  entries to the largest count, gather, then `unpack` each host's slice in
+  process order. Keys: the Entry field names, `prompt_len`, `length`, and
+  `count` (0-d, how many rows are real).
+  """
+  n = len(entries)
+  rows = n if num_rows is None else num_rows
+  if rows < n:
+    raise ValueError(f"num_rows={rows} < {n} entries")
+  check_fits(entries, max_prompt_len, max_completion_len)
+  out = {"count": np.array(n, np.int32), "prompt_len": np.zeros(rows, np.int32),
+         "length": np.zeros(rows, np.int32), "prompt": np.zeros((rows, max_prompt_len), np.int32)}
+  out.update({name: np.zeros(rows, dt) for name, dt in SCALAR_FIELDS})
+  out.update({name: np.zeros((rows, max_completion_len), dt) for name, dt in PER_TOKEN_FIELDS})
+  for i, e in enumerate(entries):
+    out["prompt_len"][i], out["length"][i] = e.prompt.size, e.length
+    out["prompt"][i, :e.prompt.size] = e.prompt
+    for name, _ in SCALAR_FIELDS:
+      out[name][i] = getattr(e, name)
+    for name, _ in PER_TOKEN_FIELDS:
+      out[name][i, :e.length] = getattr(e, name)
+  return out
+
+
+def unpack(arrays: dict[str, np.ndarray]) -> list[Entry]:
+  """The first `count` rows of a `pack` layout back to (validated, copied) entries."""
+  a = {k: np.asarray(v) for k, v in arrays.items()}
+  out = []
+  for i in range(int(a["count"])):
+    fields = {n: a[n][i].item() for n, _ in SCALAR_FIELDS}
+    fields.update({n: a[n][i, :a["length"][i]] for n, _ in PER_TOKEN_FIELDS})
+    out.append(normalized(Entry(prompt=a["prompt"][i, :a["prompt_len"][i]], **fields)))
+  return out
