@@ -98,10 +98,10 @@ def main():
   args = parser.parse_args()
   import jax
 
-  from tba_jax import checkpoints, model as model_lib, sampler, tokenizer as tokenizer_lib
-  path = checkpoints.smollm2_gguf_path()
+  from tba_jax import hf_checkpoints, model as model_lib, sampler, tokenizer as tokenizer_lib
+  path = hf_checkpoints.smollm2_gguf_path()
   tok = tokenizer_lib.from_gguf(path)
-  cfg, params = checkpoints.load(path)
+  cfg, params = hf_checkpoints.load(path)
   mats, head = _decode_matrices(params)
   param_bytes = 4 * model_lib.count_params(cfg)
   gbps = _read_gbps(args.repeats)

@@ -28,10 +28,10 @@ def main():
   import torch
   import transformers
 
-  from tba_jax import checkpoints, model
+  from tba_jax import hf_checkpoints, model
 
-  path = checkpoints.smollm2_gguf_path()
-  cfg, params = checkpoints.load(path)
+  path = hf_checkpoints.smollm2_gguf_path()
+  cfg, params = hf_checkpoints.load(path)
   hf = transformers.AutoModelForCausalLM.from_pretrained(
       os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
   torch.set_num_threads(os.cpu_count())

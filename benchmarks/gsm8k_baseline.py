@@ -26,13 +26,13 @@ def main():
 
   import jax
 
-  from tba_jax import checkpoints, tokenizer
+  from tba_jax import hf_checkpoints, tokenizer
   from tba_jax.evaluation import Evaluator
   from tba_jax.sampler import Sampler
   from tba_jax.tasks import gsm8k
 
-  path = checkpoints.smollm2_gguf_path()
-  cfg, params = checkpoints.load(path)
+  path = hf_checkpoints.smollm2_gguf_path()
+  cfg, params = hf_checkpoints.load(path)
   tok = tokenizer.from_gguf(path)
   problems = gsm8k.load("test", args.data or None, limit=args.num_problems)
   prompts = [tok.encode(gsm8k.make_prompt(p.question, args.prompt_style, tok)) for p in problems]

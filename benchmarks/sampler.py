@@ -62,9 +62,9 @@ def _best_of(repeats, fn):
 
 def _run_jax(path, batches, new_tokens, repeats):
   import jax
-  from tba_jax import checkpoints, sampler, tokenizer as tokenizer_lib
+  from tba_jax import hf_checkpoints, sampler, tokenizer as tokenizer_lib
   tok = tokenizer_lib.from_gguf(path)
-  cfg, params = checkpoints.load(path)
+  cfg, params = hf_checkpoints.load(path)
   device = jax.devices()[0]
   results = []
   for b in batches:
@@ -127,8 +127,8 @@ def main():
   parser.add_argument("--engine", help=argparse.SUPPRESS)  # set in the per-engine subprocess
   args = parser.parse_args()
   batches = [int(b) for b in args.batches.split(",")]
-  from tba_jax import checkpoints
-  path = checkpoints.smollm2_gguf_path()
+  from tba_jax import hf_checkpoints
+  path = hf_checkpoints.smollm2_gguf_path()
 
   if args.engine:  # subprocess: measure one engine, print one JSON line
     run = {"tba_jax": _run_jax, "transformers": _run_transformers}[args.engine]

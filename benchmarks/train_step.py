@@ -40,8 +40,8 @@ ROWS = {  # name -> (tba_jax params dtype, tba_jax compute dtype, torch mode)
 
 
 def _model_config(args, dtype):
-  from tba_jax import checkpoints
-  cfg = checkpoints.read_config(checkpoints.smollm2_gguf_path(), dtype=dtype)
+  from tba_jax import hf_checkpoints
+  cfg = hf_checkpoints.read_config(hf_checkpoints.smollm2_gguf_path(), dtype=dtype)
   return cfg.replace(num_layers=args.layers) if args.layers else cfg
 
 
@@ -114,12 +114,12 @@ def _run_jax(args, row):
 def _run_torch(args, row):
   import torch
   import transformers
-  from tba_jax import checkpoints
+  from tba_jax import hf_checkpoints
   torch.manual_seed(0)
   mode = ROWS[row][2]
   device = "cuda" if torch.cuda.is_available() else "cpu"
   cfg = _model_config(args, "float32")
-  hf = transformers.AutoModelForCausalLM.from_config(checkpoints.config_to_hf(cfg),
+  hf = transformers.AutoModelForCausalLM.from_config(hf_checkpoints.config_to_hf(cfg),
                                                      attn_implementation="sdpa").to(device)
   hf.train()
   optimizer = torch.optim.AdamW(hf.parameters(), lr=1e-5, weight_decay=0.0)

@@ -40,22 +40,22 @@ def main():
   import trl
 
   from configs.gsm8k import get_config
-  from tba_jax import checkpoints, config_builders, tokenizer
+  from tba_jax import config_builders, hf_checkpoints, tokenizer
   from tba_jax.metrics import read_jsonl
   from tba_jax.tasks import gsm8k
 
   c = get_config("cpu")
   torch.manual_seed(c.seed)
   torch.set_num_threads(os.cpu_count())
-  path = checkpoints.smollm2_gguf_path()
+  path = hf_checkpoints.smollm2_gguf_path()
   directory, name = os.path.dirname(path), os.path.basename(path)
   tok = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
   tok.padding_side = "left"
   # transformers marks a model read from GGUF as quantized and its Trainer refuses to train
   # it, so TRL gets the same dequantised float32 weights as a plain HF checkpoint.
   hf_dir = os.path.join(args.out, "smollm2_hf")
-  cfg, params = checkpoints.load(path)
-  checkpoints.save_hf(cfg, params, hf_dir)
+  cfg, params = hf_checkpoints.load(path)
+  hf_checkpoints.save_hf(cfg, params, hf_dir)
   del params
   model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
 

@@ -7,7 +7,7 @@ import functools
 
 import jax
 
-from tba_jax import checkpoints, losses, sharding, train_step
+from tba_jax import hf_checkpoints, losses, sharding, train_step
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.model import ModelConfig, init_params
 from tba_jax.tasks import Task, arithmetic, gsm8k
@@ -42,14 +42,14 @@ def load_model(model_cfg, tokenizer, dtype: str, trainer_mesh, seed: int):
       raise ValueError(f"model.random.vocab_size={cfg.vocab_size} < the tokenizer's "
                        f"{tokenizer.vocab_size} tokens")
     return cfg, init_params(cfg, seed, sharding.param_shardings(cfg, "trainer", trainer_mesh))
-  return checkpoints.load(model_path(model_cfg.path), dtype, mesh=trainer_mesh, role="trainer")
+  return hf_checkpoints.load(model_path(model_cfg.path), dtype, mesh=trainer_mesh, role="trainer")
 
 
 def model_path(path: str) -> str:
   if not path:
     raise ValueError("config.model.path is empty: give a HF directory, hub id, .gguf file, "
                      "'smollm2' or 'random'")
-  return checkpoints.smollm2_gguf_path() if path == "smollm2" else path
+  return hf_checkpoints.smollm2_gguf_path() if path == "smollm2" else path
 
 
 def load_tokenizer(model_cfg):

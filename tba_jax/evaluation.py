@@ -13,7 +13,8 @@ import jax
 import numpy as np
 import tqdm
 
-from tba_jax.tasks.gsm8k import Problem, extract_answer
+from tba_jax.tasks import Problem
+from tba_jax.tasks.gsm8k import extract_answer
 
 # generate(params, prompts, key) -> rollouts with .tokens [B, T] and .lengths [B]
 GenerateFn = Callable

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 import tqdm
 
-from tba_jax import checkpoints, distributed, sharding, train_step, weight_sync
+from tba_jax import distributed, hf_checkpoints, sharding, train_step, weight_sync
 from tba_jax import config_builders as build
 from tba_jax.checkpoint import Checkpointer
 from tba_jax.evaluation import Evaluator
@@ -369,6 +369,6 @@ def _export(cfg: ModelConfig, params, out_dir: str, is_main: bool) -> None:
     from jax.experimental import multihost_utils
     params = multihost_utils.process_allgather(params, tiled=True)
   if is_main:
-    checkpoints.save_hf(cfg, jax.tree.map(lambda x: np.asarray(x).astype(cfg.jnp_dtype), params),
+    hf_checkpoints.save_hf(cfg, jax.tree.map(lambda x: np.asarray(x).astype(cfg.jnp_dtype), params),
                         out_dir)
     print(f"Exported the policy to {out_dir} (Hugging Face format).")

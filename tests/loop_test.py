@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from configs import gsm8k as gsm8k_config
-from tba_jax import checkpoints, config_builders, loop, sharding, train_step
+from tba_jax import config_builders, hf_checkpoints, loop, sharding, train_step
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax import weight_sync
 from tba_jax.checkpoint import ConfigMismatchError
@@ -128,7 +128,7 @@ def test_synchronous_mode_equals_a_plain_synchronous_loop(tmp_path):
   loop.run(c, str(tmp_path), task=task)
   rows = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "reward_mean" in r]
   assert all(r["staleness_max"] == 0 and r["fraction_from_latest"] == 1.0 for r in rows)
-  _, ours = checkpoints.load(str(tmp_path / "export"))
+  _, ours = hf_checkpoints.load(str(tmp_path / "export"))
   want = _plain_synchronous_loop(c, task, tokenizer_lib.byte_tokenizer())
   moved = 0.0
   for a, b, init in zip(jax.tree.leaves(ours), jax.tree.leaves(want),

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hf_models import VARIANTS, hf_logits, left_padded_batch, make_hf_model
-from tba_jax import checkpoints, model, sharding
+from tba_jax import hf_checkpoints, model, sharding
 from tba_jax.model import KVCache, ModelConfig
 
 
@@ -19,7 +19,7 @@ def hf_checkpoint(request, tmp_path_factory):
 
 def test_logits_match_transformers_left_padded(hf_checkpoint):
   variant, hf, path = hf_checkpoint
-  cfg, params = checkpoints.load(path)
+  cfg, params = hf_checkpoints.load(path)
   assert cfg.qkv_bias == (variant == "qwen2")
   tokens, mask = left_padded_batch(np.random.default_rng(0), [11, 6, 1])
   ref = hf_logits(hf, tokens, mask)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hf_models import make_hf_model
-from tba_jax import checkpoints, model, sampler, sharding
+from tba_jax import hf_checkpoints, model, sampler, sharding
 
 # ---------------------------------------------------------------------------
 # Helpers.
@@ -86,7 +86,7 @@ def _log_softmax(x):
 def test_greedy_matches_transformers_generate_left_padded(variant):
   import torch
   hf, path = _hf_checkpoint(variant)
-  cfg, params = checkpoints.load(path)
+  cfg, params = hf_checkpoints.load(path)
   prompts = _random_prompts(np.random.default_rng(0), [7, 2, 13, 4])
   n = 12
   out = sampler.generate(cfg, params, prompts, max_new_tokens=n, greedy=True, eos_ids=[2],
@@ -344,7 +344,7 @@ def test_smollm2_batched_greedy_matches_transformers_on_gsm8k():
   import torch
   import transformers
   from tba_jax import tokenizer as tokenizer_lib
-  path = checkpoints.smollm2_gguf_path()
+  path = hf_checkpoints.smollm2_gguf_path()
   tok = tokenizer_lib.from_gguf(path)
   here = os.path.dirname(__file__)
   with open(os.path.join(here, "data", "gsm8k_test.jsonl")) as f:
@@ -352,7 +352,7 @@ def test_smollm2_batched_greedy_matches_transformers_on_gsm8k():
   prompts = [tok.encode(tok.chat_prompt(q)) for q in questions]
   assert len(set(map(len, prompts))) == 3
   n = 64
-  cfg, params = checkpoints.load(path)
+  cfg, params = hf_checkpoints.load(path)
   out = sampler.generate(cfg, params, prompts, max_new_tokens=n, greedy=True,
                          eos_ids=tok.eos_ids, pad_id=tok.pad_id)
 

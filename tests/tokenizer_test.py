@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from tba_jax import checkpoints, tokenizer
+from tba_jax import hf_checkpoints, tokenizer
 
 
 def test_byte_tokenizer_round_trips_and_names_its_specials():
@@ -61,7 +61,7 @@ def test_unknown_gguf_pre_tokenizer_is_refused(tmp_path):
 @pytest.mark.slow
 def test_real_smollm2_tokenizer_matches_transformers_gguf_conversion():
   import transformers
-  path = checkpoints.smollm2_gguf_path()
+  path = hf_checkpoints.smollm2_gguf_path()
   ours = tokenizer.from_gguf(path)
   ref = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path),
                                                    gguf_file=os.path.basename(path))

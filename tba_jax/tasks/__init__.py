@@ -3,7 +3,14 @@
 import dataclasses
 from typing import Callable, Sequence
 
-from tba_jax.tasks.gsm8k import Problem
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One training or test problem of a task."""
+  id: int  # stable within a split: the replay buffer's prompt id
+  question: str
+  answer: str  # full reference solution, "... #### 42"
+  gold: float
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ import operator
 
 import numpy as np
 
-from tba_jax.tasks.gsm8k import Problem
+from tba_jax.tasks import Problem
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 

@@ -5,22 +5,15 @@ text, compared to the gold answer (the number after "####") as floats.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
 
+from tba_jax.tasks import Problem
+
 PAPER_PROMPT = "[MATH TASK] Problem:\n{question}\n\nSolution:\n"
 HUB_ID = "openai/gsm8k"
 _NUMBER = re.compile(r"-?\d*\.?\d+")
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-  id: int  # stable within a split: the replay buffer's prompt id
-  question: str
-  answer: str  # full reference solution, "... #### 42"
-  gold: float
 
 
 def extract_answer(text: str) -> float | None:

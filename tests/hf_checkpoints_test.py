@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hf_models import hf_logits, left_padded_batch, make_hf_model
-from tba_jax import checkpoints, model, sharding
+from tba_jax import hf_checkpoints, model, sharding
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -62,8 +62,8 @@ def test_gguf_with_llamacpp_permutation_loads_to_same_logits(llama_dir, tmp_path
   hf, path = llama_dir
   gguf_path = str(tmp_path / "tiny.gguf")
   _write_gguf(hf, gguf_path)
-  cfg_hf, params_hf = checkpoints.load(path)
-  cfg, params = checkpoints.load(gguf_path)
+  cfg_hf, params_hf = hf_checkpoints.load(path)
+  cfg, params = hf_checkpoints.load(gguf_path)
   assert cfg.tie_embeddings  # no output.weight in the file
   tokens, mask = left_padded_batch(np.random.default_rng(4), [7, 4])
   a = np.asarray(model.logits(cfg, params, tokens, mask))
@@ -77,27 +77,27 @@ def test_save_hf_round_trip_through_transformers(variant, tmp_path):
   hf = make_hf_model(variant, seed=5)
   src = str(tmp_path / "src")
   hf.save_pretrained(src)
-  cfg, params = checkpoints.load(src)
+  cfg, params = hf_checkpoints.load(src)
   out = str(tmp_path / "export")
-  checkpoints.save_hf(cfg, params, out)
+  hf_checkpoints.save_hf(cfg, params, out)
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   tokens, mask = left_padded_batch(np.random.default_rng(5), [6, 3])
   ref = hf_logits(hf, tokens, mask)
   got = hf_logits(reloaded, tokens, mask)
   real = mask.astype(bool)
   np.testing.assert_allclose(got[real], ref[real], atol=1e-5, rtol=0)
-  assert checkpoints.read_config(out) == cfg
+  assert hf_checkpoints.read_config(out) == cfg
   with open(os.path.join(out, "config.json")) as f:  # serving stacks pick the class from it
     assert json.load(f)["architectures"] == [type(hf).__name__]
 
 
 def test_save_hf_sharded_index_and_bfloat16(llama_dir, tmp_path):
   _, path = llama_dir
-  cfg, params = checkpoints.load(path, dtype="bfloat16")
+  cfg, params = hf_checkpoints.load(path, dtype="bfloat16")
   assert params["embed"].dtype == np.dtype("bfloat16")
-  checkpoints.save_hf(cfg, params, str(tmp_path), max_shard_bytes=20_000)
+  hf_checkpoints.save_hf(cfg, params, str(tmp_path), max_shard_bytes=20_000)
   assert os.path.exists(tmp_path / "model.safetensors.index.json")
-  cfg2, params2 = checkpoints.load(str(tmp_path), dtype="bfloat16")
+  cfg2, params2 = hf_checkpoints.load(str(tmp_path), dtype="bfloat16")
   assert cfg2 == cfg
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -106,11 +106,11 @@ def test_save_hf_sharded_index_and_bfloat16(llama_dir, tmp_path):
 def test_load_places_each_leaf_on_its_mesh_sharding(llama_dir):
   _, path = llama_dir
   mesh = sharding.make_mesh("trainer", jax.devices()[:4])
-  cfg, params = checkpoints.load(path, mesh=mesh, role="trainer")
+  cfg, params = hf_checkpoints.load(path, mesh=mesh, role="trainer")
   want = sharding.param_shardings(cfg, "trainer", mesh)
   for leaf, s in zip(jax.tree.leaves(params), jax.tree.leaves(want)):
     assert leaf.sharding == s
-  _, ref = checkpoints.load(path)
+  _, ref = hf_checkpoints.load(path)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -128,34 +128,34 @@ def _edit_config(path, tmp_path, **changes):
 def test_unsupported_architecture_is_named(llama_dir, tmp_path):
   path = _edit_config(llama_dir[1], tmp_path, model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"])
   with pytest.raises(ValueError, match="unsupported architecture model_type='gpt_neox'"):
-    checkpoints.load(path)
+    hf_checkpoints.load(path)
 
 
 def test_wrong_tensor_shape_is_named(llama_dir, tmp_path):
   path = _edit_config(llama_dir[1], tmp_path, intermediate_size=96)
   with pytest.raises(ValueError, match=r"model.layers.0.mlp.gate_proj.weight.*\(128, 64\)"):
-    checkpoints.load(path)
+    hf_checkpoints.load(path)
 
 
 def test_missing_tensor_is_named(llama_dir, tmp_path):
   path = _edit_config(llama_dir[1], tmp_path, tie_word_embeddings=False)
   with pytest.raises(KeyError, match="lm_head.weight"):
-    checkpoints.load(path)
+    hf_checkpoints.load(path)
 
 
 def test_checkpoint_that_does_not_fit_the_model_is_refused(llama_dir):
-  cfg, _ = checkpoints.load(llama_dir[1])
+  cfg, _ = hf_checkpoints.load(llama_dir[1])
   with pytest.raises(ValueError, match="does not fit the model"):
-    checkpoints.load(llama_dir[1], model_config=cfg.replace(num_layers=3))
+    hf_checkpoints.load(llama_dir[1], model_config=cfg.replace(num_layers=3))
 
 
 def test_missing_path_and_offline_hub_give_clear_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match="no such file"):
-    checkpoints.load(str(tmp_path / "nope"))
+    hf_checkpoints.load(str(tmp_path / "nope"))
   with pytest.raises(FileNotFoundError, match="no config.json"):
-    checkpoints.load(str(tmp_path))
+    hf_checkpoints.load(str(tmp_path))
   with pytest.raises(OSError, match="could not fetch 'someone/some-model'"):
-    checkpoints.load("someone/some-model")
+    hf_checkpoints.load("someone/some-model")
 
 
 @pytest.mark.slow
@@ -163,8 +163,8 @@ def test_real_smollm2_gguf_matches_transformers_gguf_loading():
   import torch
   import transformers
   from tba_jax import tokenizer
-  path = checkpoints.smollm2_gguf_path()
-  cfg, params = checkpoints.load(path)
+  path = hf_checkpoints.smollm2_gguf_path()
+  cfg, params = hf_checkpoints.load(path)
   tok = tokenizer.from_gguf(path)
   data = os.path.join(os.path.dirname(__file__), "data", "gsm8k_test.jsonl")
   question = json.loads(open(data).readline())["question"]
