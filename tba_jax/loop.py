@@ -342,6 +342,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
               os.path.join(workdir, "export"), is_main)
     if is_main:
       _write_json(os.path.join(workdir, FINISHED_FILE), {"step": last, **final})
+      print(f"Finished at step {last}: " + ", ".join(f"{k} {v:.3f}" for k, v in final.items()))
     return {"step": last, **final, **_buffer_summary(global_buffer)}
   finally:
     stop.set()
