@@ -19,6 +19,7 @@ setup(
         "safetensors>=0.5",
         "gguf>=0.17",
         "huggingface_hub",
+        "pyarrow",  # GSM8K on the hub is parquet (the default task.data_path)
         "tqdm",
         "matplotlib",
         "tensorboardX",

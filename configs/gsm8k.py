@@ -34,6 +34,8 @@ variant has not been measured yet):
 """
 import ml_collections
 
+from tba_jax import config_checks
+
 VARIANTS = ("cpu", "rho1b", "qwen", "tiny")
 
 
@@ -187,20 +189,6 @@ def _tiny(c):
   c.checkpoint.update(every=3)
 
 
-def _apply_overrides(c, overrides):
-  for item in overrides:
-    key, _, value = item.partition("=")
-    *parents, leaf = key.strip().split(".")
-    node = c
-    for p in parents:
-      node = node[p]
-    if leaf not in node:
-      raise KeyError(f"config override {key!r}: no such key")
-    current = node[leaf]
-    node[leaf] = (value.lower() in ("1", "true", "yes")) if isinstance(current, bool) else \
-        type(current)(value)
-
-
 def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   """`arg`: "VARIANT" or "VARIANT,key=value,..." (e.g. "tiny,num_train_steps=3")."""
   variant, *overrides = (arg or "cpu").split(",")
@@ -209,6 +197,6 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   c = _base()
   {"cpu": _cpu, "rho1b": _rho1b, "qwen": _qwen, "tiny": _tiny}[variant](c)
   c.variant = variant
-  _apply_overrides(c, overrides)
+  config_checks.apply_overrides(c, overrides)
   c.lock()
   return c

@@ -2,7 +2,11 @@
 
 Orbax writes each step to a temporary directory and renames it when complete,
 so a process killed mid-save (SIGKILL, preemption) leaves every earlier
-checkpoint intact and the half-written one is ignored on restart.
+checkpoint intact and the half-written one is ignored on restart. A complete
+checkpoint that no longer restores (a file truncated or deleted afterwards, a
+disk error) is skipped: the run resumes from the newest one that restores and
+the unreadable ones are moved to `<directory>_unreadable/` (kept, not deleted:
+the resumed run will save those steps again).
 
 A checkpoint records the experiment's config; resuming under a config that
 changes what the run computes (model, task, loss, ...) is refused with the
@@ -13,11 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 # Top-level config sections / keys that may change between a run and its resume.
 RESUMABLE_KEYS = ("num_train_steps", "max_train_seconds", "eval", "log", "checkpoint")
@@ -25,6 +31,20 @@ RESUMABLE_KEYS = ("num_train_steps", "max_train_seconds", "eval", "log", "checkp
 
 class ConfigMismatchError(ValueError):
   pass
+
+
+class CheckpointError(RuntimeError):
+  """No checkpoint in the directory restores."""
+
+
+def _reason(error: Exception) -> str:
+  # Storage errors run to hundreds of lines; the first line of the innermost cause (the
+  # storage layer's, under orbax's) says what broke.
+  while error.__cause__ is not None:
+    error = error.__cause__
+  first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+  first = first if len(first) <= 300 else first[:300] + " ..."
+  return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -75,6 +95,8 @@ class Checkpointer:
 
   def check_config(self, config_dict: dict, step: int | None = None) -> None:
     step = self.latest_step() if step is None else step
+    if step is None:
+      return
     saved = self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
     diffs = config_differences(saved["config"], _jsonable(config_dict))
     if diffs:
@@ -84,21 +106,53 @@ class Checkpointer:
           "\n  ".join(diffs) + "\nUse a new --workdir, or restore the original settings.")
 
   def restore(self, abstract_train_state, config_dict: dict):
-    """(step, train_state, buffer_state, meta) of the latest checkpoint, or None.
+    """(step, train_state, buffer_state, meta) of the newest checkpoint that restores, or None.
 
     `abstract_train_state`: a pytree of jax.ShapeDtypeStruct with shardings,
-    so each array is restored straight onto its devices.
+    so each array is restored straight onto its devices. Newer checkpoints
+    that fail to restore are reported and moved aside (module docstring); a
+    config mismatch is never skipped.
     """
-    step = self.latest_step()
-    if step is None:
-      return None
-    self.check_config(config_dict, step)
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        train_state=ocp.args.StandardRestore(abstract_train_state),
-        buffer=ocp.args.StandardRestore(),
-        meta=ocp.args.JsonRestore()))
-    buffer_state = jax.tree.map(np.asarray, restored["buffer"])
-    return step, restored["train_state"], buffer_state, restored["meta"]
+    skipped = []
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        self.check_config(config_dict, step)
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            train_state=ocp.args.StandardRestore(abstract_train_state),
+            buffer=ocp.args.StandardRestore(),
+            meta=ocp.args.JsonRestore()))
+      except ConfigMismatchError:
+        raise
+      except Exception as e:  # whatever a damaged file raises: tensorstore, pytree, JSON
+        skipped.append((step, _reason(e)))
+        continue
+      if skipped:
+        self._set_aside(skipped, step)
+      buffer_state = jax.tree.map(np.asarray, restored["buffer"])
+      return step, restored["train_state"], buffer_state, restored["meta"]
+    if skipped:
+      raise CheckpointError(
+          f"no checkpoint in {self.directory} restores: " +
+          "; ".join(f"step {s}: {r}" for s, r in skipped) +
+          f". Move {self.directory} away to start the run afresh in this workdir.")
+    return None
+
+  def _set_aside(self, skipped: list[tuple[int, str]], restored_step: int) -> None:
+    """Moves unreadable checkpoints out of the way of the steps the run will save again."""
+    aside = epath.Path(self.directory + "_unreadable")
+    if jax.process_index() == 0:
+      aside.mkdir(parents=True, exist_ok=True)
+      for step, _ in skipped:
+        target = aside / f"{step}-{int(time.time())}"
+        (epath.Path(self.directory) / str(step)).rename(target)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices("tba_jax: unreadable checkpoints moved")
+    self.manager.reload()
+    print(f"WARNING: resuming from checkpoint {restored_step}; the newer " +
+          "; ".join(f"checkpoint {s} does not restore ({r})" for s, r in skipped) +
+          f". Moved to {aside}/ (kept for inspection; the run saves those steps again).",
+          flush=True)
 
   def close(self) -> None:
     self.manager.close()

@@ -4,18 +4,48 @@ same pieces from the same config."""
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
 
 import jax
 
 from tba_jax import hf_checkpoints, losses, sharding, train_step
 from tba_jax import tokenizer as tokenizer_lib
+from tba_jax.config_checks import ConfigError
 from tba_jax.model import ModelConfig, init_params
 from tba_jax.tasks import Task, arithmetic, gsm8k
 
 
+def use_cpu_devices(num: int) -> None:
+  """Splits the host CPU into `num` JAX devices (0: JAX's default); no-op on accelerators.
+
+  JAX reads the setting when it starts its backends. Once they run, a CPU host
+  that has fewer devices than asked stops here: fewer devices would silently
+  change the run (one device turns async into alternation).
+  """
+  if not num:
+    return
+  try:
+    jax.config.update("jax_num_cpu_devices", num)
+  except RuntimeError:  # JAX's backends have started
+    have = len(jax.local_devices())
+    if jax.default_backend() == "cpu" and have < num:
+      raise ConfigError(
+          f"mesh.num_cpu_devices={num}, but JAX started with {have} CPU device(s) before "
+          "the run could set it (something used JAX first), so the run would not be the one "
+          f"configured{' (alternate, not async)' if have == 1 else ''}. Start the run before "
+          f"anything uses JAX, call jax.config.update('jax_num_cpu_devices', {num}) right "
+          f"after `import jax`, or set mesh.num_cpu_devices=0 to use the {have} there are."
+      ) from None
+
+
 def meshes(mesh_cfg, mode: str):
   """(trainer mesh spanning all processes, [searcher mesh per local searcher], mode)."""
-  local = jax.local_devices()[:mesh_cfg.num_devices or None]
+  local = jax.local_devices()
+  count = mesh_cfg.num_devices or len(local)
+  if local[0].platform == "cpu" and mesh_cfg.num_cpu_devices:
+    count = min(count, mesh_cfg.num_cpu_devices)  # JAX started with more (use_cpu_devices)
+  local = local[:count]
   if len(local) == 1:
     # One device: the roles share it and take turns.
     mesh = sharding.make_mesh("trainer", local)
@@ -50,6 +80,52 @@ def model_path(path: str) -> str:
     raise ValueError("config.model.path is empty: give a HF directory, hub id, .gguf file, "
                      "'smollm2' or 'random'")
   return hf_checkpoints.smollm2_gguf_path() if path == "smollm2" else path
+
+
+def check_model_path(model_cfg) -> None:
+  """Stops with a `model.path` error when the path cannot be a model.
+
+  Runs before the tokenizer is read: it usually comes from the same path and
+  would report a wrong path in its own words first (a hub repo-id syntax
+  error, a missing sentencepiece).
+  """
+  path = model_cfg.path
+  if path == "random":
+    return
+  expected = ("expected a Hugging Face directory (config.json + safetensors), a .gguf file, "
+              "a hub id (owner/name), 'smollm2' or 'random'")
+  try:
+    resolved = model_path(path)
+  except FileNotFoundError as e:
+    raise ConfigError(f"model.path={path!r}: {e}") from None
+  if os.path.isdir(resolved):
+    if not os.path.exists(os.path.join(resolved, "config.json")):
+      raise ConfigError(f"model.path={path!r} is a directory without config.json; {expected}")
+    if not model_cfg.tokenizer:
+      _check_tokenizer_files(path, resolved)
+  elif os.path.isfile(resolved):
+    if not resolved.endswith(".gguf"):
+      raise ConfigError(f"model.path={path!r} is a file but not a .gguf file; {expected}")
+  elif path.count("/") == 1 and not path.startswith((".", "/", "~")):
+    try:  # a hub id: fetched here, so that a wrong id is named as the model's
+      hf_checkpoints.read_config(path)
+    except (OSError, ValueError) as e:
+      raise ConfigError(f"model.path={path!r}: {e}") from None
+  else:
+    raise ConfigError(f"model.path={path!r} does not exist; {expected}")
+
+
+def _check_tokenizer_files(path: str, directory: str) -> None:
+  has = lambda name: os.path.exists(os.path.join(directory, name))
+  if has("tokenizer.json"):
+    return
+  if has("tokenizer.model") and importlib.util.find_spec("sentencepiece") is None:
+    raise ConfigError(f"model.path={path!r} holds only a sentencepiece tokenizer "
+                      "(tokenizer.model, no tokenizer.json): pip install sentencepiece protobuf, "
+                      "or point model.tokenizer at a directory with tokenizer.json")
+  if not any(has(n) for n in ("tokenizer.model", "vocab.json", "tokenizer_config.json")):
+    raise ConfigError(f"model.path={path!r} has no tokenizer files; set model.tokenizer to a "
+                      "directory or hub id that has them")
 
 
 def load_tokenizer(model_cfg):

@@ -20,6 +20,7 @@ reports (its params version - sample version) for every trained sample.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import signal
@@ -30,8 +31,9 @@ import jax
 import numpy as np
 import tqdm
 
-from tba_jax import distributed, hf_checkpoints, sharding, train_step, weight_sync
+from tba_jax import config_checks, distributed, hf_checkpoints, run_info, sharding, train_step
 from tba_jax import config_builders as build
+from tba_jax import weight_sync
 from tba_jax.checkpoint import Checkpointer
 from tba_jax.evaluation import Evaluator
 from tba_jax.metrics import MetricsWriter
@@ -40,6 +42,10 @@ from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.sampler import Sampler
 from tba_jax.searcher import PromptStream, Searcher
 from tba_jax.tasks import Task
+
+
+# Written to the workdir after the final evaluation and export: {"step", eval metrics}.
+FINISHED_FILE = "finished.json"
 
 
 class SearcherError(RuntimeError):
@@ -59,11 +65,27 @@ class _Clock:
 # The run.
 # ---------------------------------------------------------------------------
 def run(config, workdir: str, task: Task | None = None) -> dict:
-  """Trains per `config` in `workdir` (resuming from its newest checkpoint)."""
+  """Trains per `config` in `workdir` (resuming from its newest checkpoint).
+
+  A run that already finished (FINISHED_FILE) only says so; one with more
+  num_train_steps than it finished with trains on.
+  """
   c = config
-  os.makedirs(workdir, exist_ok=True)
+  # Nothing is loaded or written before the config is known to be runnable.
+  config_checks.validate(c)
+  build.use_cpu_devices(c.mesh.num_cpu_devices)
   config_dict = c.to_dict()
   is_main = jax.process_index() == 0
+  finished = _finished(workdir)
+  if finished is not None and finished["step"] >= c.num_train_steps:
+    # Refuses as a resume would when the config changed what the run computes.
+    Checkpointer(os.path.join(workdir, "checkpoints"), c.checkpoint.max_to_keep).check_config(
+        config_dict)
+    print(f"{workdir}: this run finished at step {finished['step']} (final evaluation"
+          f"{' and export' if c.export else ''} done); nothing to do. Raise num_train_steps "
+          "to train on.")
+    return finished
+  build.check_model_path(c.model)
 
   # ----- Devices, model, task -----------------------------------------------
   trainer_mesh, searcher_meshes, mode = build.meshes(c.mesh, c.sync.mode)
@@ -84,12 +106,15 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   # ----- Trainer --------------------------------------------------------------
   o = c.optim
   lr = build.lr_schedule(o, c.num_train_steps)
+  lr_at = lambda done: float(lr(done - 1))  # the lr of the update that produced step `done`
   optimizer = train_step.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None, o.b1, o.b2)
   state = train_step.init_state(params, optimizer,
                                 train_step.state_shardings(model_cfg, optimizer, trainer_mesh))
   del params
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  beta = build.beta_schedule(c.loss)
   update = train_step.make_update(
-      model_cfg, optimizer, build.loss_fn(c.loss), build.beta_schedule(c.loss), trainer_mesh,
+      model_cfg, optimizer, build.loss_fn(c.loss), beta, trainer_mesh,
       temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
       num_microbatches=o.num_microbatches, remat=c.model.remat)
   batch_sharding = train_step.batch_shardings(trainer_mesh)
@@ -135,7 +160,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   # ----- Resume -------------------------------------------------------------------
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), c.checkpoint.max_to_keep)
   restored = checkpointer.restore(jax.tree.map(_abstract, state), config_dict)
-  start_step = 0
+  start_step, elapsed = 0, 0.0
   if restored is not None:
     start_step, state, buffer_state, meta = restored
     global_buffer.load_state_dict(buffer_state)
@@ -143,6 +168,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       searcher.load_state_dict(st)
     for i, searcher in enumerate(searchers):
       searcher.mailbox.put(start_step, publish(state.params, i))
+    elapsed = meta.get("wall_time", 0.0)  # absent in checkpoints of older versions
     print(f"Resumed from step {start_step} ({len(global_buffer)} buffer entries).")
 
   def save(step):
@@ -150,11 +176,21 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     states = [sr.state_dict() for sr in searchers]
     searcher_states = _gather_json(states) if jax.process_count() > 1 else [states]
     checkpointer.save(step, state, global_buffer.state_dict(),
-                      {"step": step, "searchers": searcher_states}, config_dict)
+                      {"step": step, "searchers": searcher_states,
+                       "wall_time": metrics_writer.elapsed()}, config_dict)
 
+  setup = run_info.describe(
+      c, trainer_mesh=trainer_mesh, searcher_meshes=searcher_meshes, mode=mode,
+      model_config=model_cfg, num_params=num_params, task=task,
+      num_eval_problems=len(eval_problems), start_step=start_step,
+      beta_at=lambda done: float(beta(done)), lr_at=lr_at)
   metrics_writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard,
                                  wandb_project=c.log.wandb_project or None,
-                                 config_dict=config_dict, enabled=is_main)
+                                 config_dict=config_dict, enabled=is_main, elapsed=elapsed)
+  if is_main:
+    print(run_info.banner(setup, workdir), flush=True)
+  metrics_writer.start_segment(start_step, setup)
+  training = start_step < c.num_train_steps  # else only the final evaluation is left
   stop = threading.Event()
   terminated = threading.Event()
   previous_handler = _install_sigterm(terminated)
@@ -197,14 +233,14 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     if start_step == 0:
       metrics_writer.write(0, evaluate(0), wall_time=0.0)
 
-    # ----- Pre-fill the buffer -------------------------------------------------------
-    if mode == "async":
+    # ----- Pre-fill the buffer (a resumed run has its buffer back) ------------------
+    if mode == "async" and training:
       threads = [threading.Thread(target=sr.run, args=(stop,), name=f"searcher-{sr.id}",
                                   daemon=True) for sr in searchers]
       for t in threads:
         t.start()
     t0 = search_start = time.perf_counter()
-    while len(global_buffer) < c.buffer.prefill:
+    while start_step == 0 and len(global_buffer) < c.buffer.prefill:
       if mode == "async":
         time.sleep(0.05)
         check_searchers()
@@ -221,9 +257,11 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
                     desc="train", dynamic_ncols=True)
     b = c.buffer
     train_start = last_eval = time.perf_counter()
-    last = c.num_train_steps
+    last = max(c.num_train_steps, start_step)
     for step in range(start_step, c.num_train_steps):
-      if mode == "alternate" and step > start_step and step % c.sync.every == 0:
+      # Step 0's round was the pre-fill; a resumed run searches at its first step as the
+      # uninterrupted run did (its checkpoint was saved after the publish, before the round).
+      if mode == "alternate" and step > 0 and step % c.sync.every == 0:
         search_round(b.num_prompts)
         merge()
         global_buffer.mark_sync()
@@ -262,7 +300,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       # Metrics, evaluation, checkpoints.
       done = step + 1
       row = {k: float(v) for k, v in m.items()}
-      row.update(lr=float(lr(step)), step_seconds=dt, tokens_per_second=m["num_tokens"] / dt,
+      row.update(lr=lr_at(done), step_seconds=dt, tokens_per_second=m["num_tokens"] / dt,
                  staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
                  staleness_hist=np.bincount(np.minimum(staleness, 16)).tolist(),
                  fraction_from_latest=info["num_from_latest"] / b.num_prompts,
@@ -300,8 +338,11 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     final = evaluate(last)
     metrics_writer.write(last, final)
     if c.export:
-      _export(model_cfg.replace(dtype=c.model.dtype), state.params,
+      _export(model_cfg.replace(dtype=c.model.dtype), state.params, tokenizer,
               os.path.join(workdir, "export"), is_main)
+    if is_main:
+      _write_json(os.path.join(workdir, FINISHED_FILE), {"step": last, **final})
+      print(f"Finished at step {last}: " + ", ".join(f"{k} {v:.3f}" for k, v in final.items()))
     return {"step": last, **final, **_buffer_summary(global_buffer)}
   finally:
     stop.set()
@@ -364,11 +405,26 @@ def _install_sigterm(flag: threading.Event):
   return signal.signal(signal.SIGTERM, lambda *_: flag.set())
 
 
-def _export(cfg: ModelConfig, params, out_dir: str, is_main: bool) -> None:
+def _finished(workdir: str) -> dict | None:
+  path = os.path.join(workdir, FINISHED_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _write_json(path: str, value: dict) -> None:
+  with open(path + ".tmp", "w") as f:
+    json.dump(value, f)
+  os.replace(path + ".tmp", path)  # whole or absent, never half-written
+
+
+def _export(cfg: ModelConfig, params, tokenizer, out_dir: str, is_main: bool) -> None:
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
     params = multihost_utils.process_allgather(params, tiled=True)
   if is_main:
     hf_checkpoints.save_hf(cfg, jax.tree.map(lambda x: np.asarray(x).astype(cfg.jnp_dtype), params),
                         out_dir)
+    tokenizer.save_pretrained(out_dir)  # tokenizer files + generation_config.json (EOS ids)
     print(f"Exported the policy to {out_dir} (Hugging Face format).")

@@ -1,8 +1,16 @@
 """Metrics: one JSON line per step, TensorBoard events, optional Weights & Biases.
 
 `WORKDIR/metrics.jsonl` holds one object per logged step ({"step", "wall_time",
-...}; evaluation results under "eval/..." keys). A resumed run appends; readers
-keep the last line of each step (see `read_jsonl`).
+...}; evaluation results under "eval/..." keys). Each run segment (the first
+run, then every resume) starts with a row {"step": S, "wall_time": ..., "run":
+{the setup}}, S the step it starts from. A resumed run re-runs the steps after
+its checkpoint, so `read_jsonl` drops the earlier segment's rows after S: the
+rows it returns are those of one uninterrupted history. `wall_time` counts the
+seconds of training behind a row, across resumes (the elapsed time is saved in
+every checkpoint); time a killed run spent after its last checkpoint is not in it.
+
+TensorBoard tags are the metrics.jsonl keys exactly ("eval/greedy_pass@1", not
+tensorboardX's cleaned "eval/greedy_pass_1"); `staleness_hist` is a histogram.
 """
 from __future__ import annotations
 
@@ -22,37 +30,59 @@ def _clean(value: Any):
 
 
 class MetricsWriter:
-  """Writes metrics from process 0; other processes pass `enabled=False`."""
+  """Writes metrics from process 0; other processes pass `enabled=False`.
+
+  `elapsed`: wall-clock seconds already spent by earlier segments of this run.
+  """
 
   def __init__(self, workdir: str, *, tensorboard: bool = True, wandb_project: str | None = None,
-               config_dict: dict | None = None, enabled: bool = True):
+               config_dict: dict | None = None, enabled: bool = True, elapsed: float = 0.0):
     self.enabled = enabled
-    self.start = time.time()
+    self.start = time.time() - elapsed
     self.tb = self.wandb = None
     self.file = None
     if not enabled:
       return
     os.makedirs(workdir, exist_ok=True)
-    self.file = open(os.path.join(workdir, "metrics.jsonl"), "a")
+    path = os.path.join(workdir, "metrics.jsonl")
+    _drop_partial_last_line(path)
+    self.file = open(path, "a")
     if tensorboard:
-      from tensorboardX import SummaryWriter  # no TensorFlow needed
-      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      from tensorboardX import FileWriter  # no TensorFlow needed
+      self.tb = FileWriter(os.path.join(workdir, "tensorboard"))
     if wandb_project:
       import wandb
       self.wandb = wandb.init(project=wandb_project, dir=workdir, config=config_dict, resume="allow")
+
+  def elapsed(self) -> float:
+    """The run's wall-clock seconds so far, earlier segments included."""
+    return time.time() - self.start
+
+  def _append(self, row: dict) -> None:
+    self.file.write(json.dumps(row) + "\n")
+    self.file.flush()
+
+  def start_segment(self, step: int, setup: dict) -> None:
+    """Marks where this segment of the run starts (read_jsonl drops what it re-runs)."""
+    if not self.enabled:
+      return
+    # The rows kept (steps <= `step`) can end after the checkpoint's clock stopped (an
+    # evaluation after the last save): continue after them, so wall_time never runs backwards.
+    self.file.flush()
+    kept = read_jsonl(self.file.name)
+    last = max((r["wall_time"] for r in kept if r["step"] <= step), default=0.0)
+    self.start = min(self.start, time.time() - last)
+    self._append({"step": int(step), "wall_time": round(self.elapsed(), 3), "run": setup})
 
   def write(self, step: int, metrics: dict[str, Any], wall_time: float | None = None) -> None:
     if not self.enabled:
       return
     row = {"step": int(step),
-           "wall_time": round(time.time() - self.start if wall_time is None else wall_time, 3)}
+           "wall_time": round(self.elapsed() if wall_time is None else wall_time, 3)}
     row.update({k: _clean(v) for k, v in metrics.items()})
-    self.file.write(json.dumps(row) + "\n")
-    self.file.flush()
+    self._append(row)
     if self.tb is not None:
-      for k, v in row.items():
-        if isinstance(v, (int, float)) and k != "step":
-          self.tb.add_scalar(k, v, step)
+      self.tb.add_summary(_tensorboard_summary(row), int(step))
       self.tb.flush()
     if self.wandb is not None:
       self.wandb.log(row, step=step)
@@ -66,16 +96,60 @@ class MetricsWriter:
       self.wandb.finish()
 
 
-def read_jsonl(path: str) -> list[dict]:
-  """Rows of a metrics.jsonl, the last one of each step, in step order.
+def _tensorboard_summary(row: dict):
+  """Scalars under their metrics.jsonl keys, `staleness_hist` as a histogram.
 
-  Rows with the same step but different keys (e.g. an eval row and a train row)
-  are merged; a later value of the same key wins (a resumed run rewrote it).
+  Built as protos: tensorboardX's add_scalar rewrites characters TensorFlow op
+  names cannot hold ('@' -> '_'), which TensorBoard's tags do not need.
+  """
+  from tensorboardX.proto.summary_pb2 import HistogramProto, Summary
+  values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in row.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+  counts = row.get("staleness_hist")
+  if counts:
+    # counts[s] = samples s versions behind (the last bucket: that many or more); TensorBoard
+    # bucket i holds the values in (bucket_limit[i-1], bucket_limit[i]].
+    present = [s for s, c in enumerate(counts) if c]
+    values.append(Summary.Value(tag="staleness_hist", histo=HistogramProto(
+        min=float(present[0]), max=float(present[-1]), num=float(sum(counts)),
+        sum=float(sum(s * c for s, c in enumerate(counts))),
+        sum_squares=float(sum(s * s * c for s, c in enumerate(counts))),
+        bucket_limit=[s + 0.5 for s in range(len(counts))], bucket=[float(c) for c in counts])))
+  return Summary(value=values)
+
+
+def _drop_partial_last_line(path: str) -> None:
+  """A run killed mid-write leaves a last line without its newline; appending after it
+  would corrupt the next row too."""
+  if not os.path.exists(path):
+    return
+  with open(path, "rb+") as f:
+    data = f.read()
+    if data and not data.endswith(b"\n"):
+      f.truncate(data.rfind(b"\n") + 1)
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """A metrics.jsonl's rows in step order, one per step (an eval row merged into its step's).
+
+  Rows of one segment with the same step are merged. A segment start at step S
+  (a resume) drops every earlier row after S, so an interrupted run reads as
+  the history its checkpoints continued, never a mix of the two segments.
   """
   by_step: dict[int, dict] = {}
   with open(path) as f:
-    for line in f:
-      if line.strip():
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
         row = json.loads(line)
-        by_step.setdefault(row["step"], {}).update(row)
+        step = row["step"]
+      except (json.JSONDecodeError, KeyError, TypeError) as e:
+        if not line.endswith("\n"):
+          break  # the last row of a killed (or running) run, cut short: not a row yet
+        raise ValueError(f"{path}, line {number}: not a metrics row ({e}): {line[:80]!r}") from None
+      if "run" in row:
+        by_step = {s: r for s, r in by_step.items() if s <= step}
+        continue
+      by_step.setdefault(step, {}).update(row)
   return [by_step[s] for s in sorted(by_step)]

@@ -158,9 +158,14 @@ class Searcher:
 
   def state_dict(self) -> dict:
     with self.lock:
-      return {"stream": self.stream.state_dict(), "num_batches": self.num_batches}
+      # The counters continue across a resume; busy time is per process (a fraction of its
+      # wall-clock), so it starts again.
+      stats = {k: v for k, v in dataclasses.asdict(self.stats).items() if k != "busy_seconds"}
+      return {"stream": self.stream.state_dict(), "num_batches": self.num_batches,
+              "stats": stats}
 
   def load_state_dict(self, state: dict) -> None:
     with self.lock:
       self.stream.load_state_dict(state["stream"])
       self.num_batches = int(state["num_batches"])
+      self.stats = SearchStats(**state.get("stats", {}))  # absent in older checkpoints

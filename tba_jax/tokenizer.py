@@ -52,6 +52,18 @@ class Tokenizer:
       messages.insert(0, {"role": "system", "content": system})
     return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
+  def save_pretrained(self, out_dir: str) -> None:
+    """The tokenizer files and a generation_config.json with every EOS id, beside a model.
+
+    transformers' `generate` and vLLM stop at the generation config's EOS ids, so
+    a chat model's end-of-turn marker (not always the tokenizer's EOS) is listed.
+    """
+    import transformers
+    self.hf.save_pretrained(out_dir)
+    transformers.GenerationConfig(
+        eos_token_id=list(self.eos_ids), pad_token_id=self.pad_id,
+        bos_token_id=self.hf.bos_token_id).save_pretrained(out_dir)
+
 
 def _wrap(hf, extra_eos: Sequence[int] = ()) -> Tokenizer:
   eos = [hf.eos_token_id] if hf.eos_token_id is not None else []

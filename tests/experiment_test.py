@@ -1,4 +1,6 @@
-"""`python -m experiments.gsm8k` end to end: the tiny config, kill and resume, SIGTERM, plots."""
+"""`python -m experiments.gsm8k` end to end: kill and resume, SIGTERM, config errors, plots.
+
+The tiny config's plain run is README's smoke command (readme_test.py)."""
 import json
 import os
 import signal
@@ -45,20 +47,6 @@ def _wait_for_checkpoint(proc, workdir, timeout=240):
   raise AssertionError(f"no checkpoint appeared: {proc.stdout.read()[-3000:]}")
 
 
-def test_tiny_config_end_to_end_with_sync_eval_and_export(tmp_path):
-  out = subprocess.run(_command(tmp_path, "tiny"), cwd=ROOT, env=_env(), capture_output=True,
-                       text=True, timeout=300)
-  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-  rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
-  assert [r["step"] for r in rows if "loss" in r] == list(range(1, 7))
-  evals = [r["step"] for r in rows if "eval/greedy_pass@1" in r]
-  assert evals == [0, 3, 6]
-  assert _steps(str(tmp_path)) == [3, 6]
-  assert os.path.exists(tmp_path / "export" / "model.safetensors")
-  events = os.listdir(tmp_path / "tensorboard")
-  assert any(e.startswith("events.out.tfevents") for e in events), events
-
-
 def test_sigkill_mid_run_then_rerun_resumes_to_the_final_step(tmp_path):
   workdir = str(tmp_path)
   arg = "tiny,num_train_steps=40,checkpoint.every=2,eval.every=0"
@@ -94,6 +82,32 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
   assert proc.returncode == 0, output[-3000:]
   assert "SIGTERM: saved a checkpoint" in output
   assert _steps(workdir) and _steps(workdir)[-1] < 1000
+
+
+@pytest.mark.parametrize("args,message", [
+    # The override inside the config argument ...
+    (["--config=configs/gsm8k.py:tiny,eval.greedy=flase"],
+     "eval.greedy='flase': not a boolean (true/false, 1/0, yes/no)"),
+    (["--config=configs/gsm8k.py:tiny,eval.gredy=true"],
+     "unknown config key 'eval.gredy'; did you mean 'eval.greedy'?"),
+    # ... and as a flag.
+    (["--config=configs/gsm8k.py:tiny", "--config.eval.greedy=flase"],
+     "--config.eval.greedy='flase': not a boolean (true/false, 1/0, yes/no)"),
+    (["--config=configs/gsm8k.py:tiny", "--config.eval.gredy=true"],
+     "unknown config key 'eval.gredy'; did you mean 'eval.greedy'?"),
+    (["--config=configs/gsm8k.py:tiny", "--config.num_train_steps=1.5"],
+     "--config.num_train_steps='1.5': not an int"),
+    (["--config=configs/gsm8k.py:tiny", "--config.sync.mode=asynch"],
+     "config: sync.mode='asynch': must be one of 'async', 'alternate' (did you mean 'async'?)"),
+])
+def test_config_errors_are_one_line_and_leave_no_workdir(tmp_path, args, message):
+  workdir = tmp_path / "run"
+  out = subprocess.run([sys.executable, "-m", "experiments.gsm8k", *args, f"--workdir={workdir}"],
+                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+  assert out.returncode != 0
+  assert out.stderr.strip().splitlines()[-1] == f"error: {message}", out.stderr[-2000:]
+  assert len(out.stderr.strip().splitlines()) <= 2, out.stderr[-2000:]  # no traceback
+  assert not workdir.exists()
 
 
 def test_plot_overlays_runs(tmp_path):

@@ -1,4 +1,5 @@
 """The runtime: async on 8 devices, synchronous equivalence, failures, resume checks."""
+import json
 import os
 
 import jax
@@ -195,3 +196,112 @@ def test_reference_reset_scores_later_samples_against_the_new_reference(tiny_cfg
   assert gap() > 1e-2  # scored against the initial reference, not the sampling policy
   searcher.set_reference(policy)
   assert gap() < 1e-5  # the reference is now the policy that sampled
+
+
+_COMPARED = ("loss", "reward_mean", "kl", "staleness_mean", "staleness_max", "staleness_hist",
+             "searcher_samples", "fraction_from_latest", "buffer_entries")
+
+
+def _alternate(num_train_steps):
+  return tiny_config(num_train_steps=num_train_steps, mesh=dict(num_devices=2),
+                     sync=dict(mode="alternate", every=2), checkpoint=dict(every=100),
+                     buffer=dict(prefill=8))
+
+
+def _train_rows(workdir):
+  return [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "loss" in r]
+
+
+def test_a_resumed_alternate_run_repeats_the_uninterrupted_one(tmp_path):
+  whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+  loop.run(_alternate(8), whole, task=toy_task(_alternate(8)))
+  # Stopped at step 4 (a sync step: the resumed run's first step has a search round), then
+  # resumed with a raised num_train_steps.
+  loop.run(_alternate(4), parts, task=toy_task(_alternate(4)))
+  assert loop.run(_alternate(8), parts, task=toy_task(_alternate(8)))["step"] == 8
+  want, got = _train_rows(whole), _train_rows(parts)
+  assert [r["step"] for r in got] == list(range(1, 9))
+  for a, b in zip(want[4:], got[4:]):
+    assert {k: a[k] for k in _COMPARED} == {k: b[k] for k in _COMPARED}, a["step"]
+  # Wall-clock continues across the resume (the checkpoint holds the elapsed time).
+  rows = read_jsonl(os.path.join(parts, "metrics.jsonl"))
+  assert [r["step"] for r in rows] == list(range(9))
+  times = [r["wall_time"] for r in rows]
+  assert times == sorted(times) and times[5] > times[4] > 0
+
+
+def test_rerunning_a_finished_run_does_nothing_and_a_raised_step_count_trains_on(tmp_path, capsys):
+  c = tiny_config(num_train_steps=2, mesh=dict(num_devices=1), export=True)
+  result = loop.run(c, str(tmp_path), task=toy_task(c))
+  before = {p: os.path.getmtime(tmp_path / p) for p in ("metrics.jsonl", "export/config.json")}
+  again = loop.run(c, str(tmp_path), task=toy_task(c))
+  assert "this run finished at step 2" in capsys.readouterr().out
+  assert again == {k: v for k, v in result.items() if k == "step" or k.startswith("eval/")}
+  assert {p: os.path.getmtime(tmp_path / p) for p in before} == before
+  longer = tiny_config(num_train_steps=3, mesh=dict(num_devices=1), export=True)
+  assert loop.run(longer, str(tmp_path), task=toy_task(longer))["step"] == 3
+  assert [r["step"] for r in _train_rows(str(tmp_path))] == [1, 2, 3]
+
+
+def test_a_run_killed_before_its_final_export_finishes_it_on_rerun(tmp_path, monkeypatch):
+  c = tiny_config(num_train_steps=2, mesh=dict(num_devices=1), export=True)
+
+  def killed(*args):
+    raise KeyboardInterrupt  # stands in for a kill after the final checkpoint
+
+  with monkeypatch.context() as m:
+    m.setattr(loop, "_export", killed)
+    with pytest.raises(KeyboardInterrupt):
+      loop.run(c, str(tmp_path), task=toy_task(c))
+  assert not (tmp_path / "export").exists() and not (tmp_path / loop.FINISHED_FILE).exists()
+  assert loop.run(c, str(tmp_path), task=toy_task(c))["step"] == 2  # evaluates, exports
+  assert (tmp_path / "export" / "model.safetensors").exists()
+  assert (tmp_path / loop.FINISHED_FILE).exists()
+  assert [r["step"] for r in _train_rows(str(tmp_path))] == [1, 2]  # no step trained again
+
+
+def test_every_run_records_its_setup_in_its_first_metrics_row(tmp_path):
+  c = tiny_config(num_train_steps=1, mesh=dict(num_devices=1), sync=dict(mode="async"))
+  loop.run(c, str(tmp_path), task=toy_task(c))
+  with open(tmp_path / "metrics.jsonl") as f:
+    first = json.loads(f.readline())
+  setup = first["run"]
+  assert first["step"] == 0 and setup["mode"] == "alternate"
+  assert "one device" in setup["mode_note"]  # async was asked for
+  assert setup["devices"] == {"count": 8, "platform": "cpu", "kind": "cpu", "processes": 1}
+  assert setup["trainer"]["devices"] == 1 and setup["searchers"]["shared_with_trainer"]
+  assert setup["model"]["parameters"] == sum(
+      x.size for x in jax.tree.leaves(init_params(ModelConfig(**c.model.random.to_dict()), 0)))
+  assert setup["task"] == {"name": "arithmetic", "train_problems": 12, "test_problems": 4,
+                           "eval_problems": 2}
+  assert setup["beta"] == "0.1 at every step (tb)"
+  assert setup["lr"] == "0.001 at every step (constant)"
+
+
+def test_the_export_holds_the_tokenizer_and_generate_stops_at_its_eos_ids(tmp_path):
+  import torch
+  import transformers
+  c = gsm8k_config.get_config("tiny")
+  cfg = ModelConfig(**c.model.random.to_dict())
+  tok = tokenizer_lib.byte_tokenizer()
+  end_of_turn = tok.eos_ids[1]  # <|im_end|>: an EOS id that is not the tokenizer's EOS token
+  # A model that always predicts <|im_end|>: the residual stream is the embedding (attention
+  # and MLP outputs zeroed), every embedding points along dimension 0, and only the
+  # <|im_end|> column of the head reads that dimension.
+  params = jax.tree.map(np.asarray, init_params(cfg, 0))
+  params["layers"]["attn"]["o"] = np.zeros_like(params["layers"]["attn"]["o"])
+  params["layers"]["mlp"]["down"] = np.zeros_like(params["layers"]["mlp"]["down"])
+  params["embed"] = np.zeros_like(params["embed"])
+  params["embed"][:, 0] = 1.0
+  params["lm_head"] = np.zeros_like(params["lm_head"])
+  params["lm_head"][0, end_of_turn] = 10.0
+  loop._export(cfg, params, tok, str(tmp_path), is_main=True)
+
+  hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  for text in ("1+2=", "Natalia sold 48 clips ✓<|im_end|>", tok.chat_prompt(" a  b\n")):
+    assert hf_tok(text)["input_ids"] == tok.encode(text)
+  model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path))
+  assert list(model.generation_config.eos_token_id) == list(tok.eos_ids)
+  prompt = torch.tensor([tok.encode("1+2=")])
+  out = model.generate(prompt, max_new_tokens=8, do_sample=False)
+  assert out[0, prompt.shape[1]:].tolist() == [end_of_turn]  # stopped at the first EOS id

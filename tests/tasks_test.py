@@ -69,3 +69,42 @@ def test_arithmetic_task_is_seeded_disjoint_and_answer_formatted():
     assert gsm8k.reward(f"The answer is {int(p.gold)}.", p.gold) == 1.0
   with pytest.raises(ValueError, match="ops"):
     arithmetic.make_problems("/", 2, 9, seed=0, test_fraction=0.25)
+
+
+def test_default_hub_path_reads_the_parquet_file_with_the_declared_dependencies(tmp_path,
+                                                                               monkeypatch):
+  # The hub's GSM8K files are parquet: their reader must come with `pip install -e .`.
+  import re
+
+  import huggingface_hub
+  import pyarrow
+  import pyarrow.parquet
+  with open(os.path.join(os.path.dirname(DATA), "..", "setup.py")) as f:
+    install_requires = re.search(r"install_requires=\[(.*?)\]", f.read(), re.S).group(1)
+  assert '"pyarrow"' in install_requires
+  rows = gsm8k._read_jsonl(DATA + "/gsm8k_test.jsonl")
+  parquet = tmp_path / "main" / "test-00000-of-00001.parquet"
+  parquet.parent.mkdir()
+  pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), str(parquet))
+  requested = []
+
+  def download(repo_id, filename, repo_type):
+    requested.append((repo_id, filename, repo_type))
+    return str(tmp_path / filename)
+
+  monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+  problems = gsm8k.load("test")  # task.data_path "" -> the hub
+  assert requested == [("openai/gsm8k", "main/test-00000-of-00001.parquet", "dataset")]
+  assert problems == gsm8k.load("test", DATA + "/gsm8k_test.jsonl")
+
+
+def test_a_malformed_jsonl_line_is_named_by_file_and_line(tmp_path):
+  path = tmp_path / "test.jsonl"
+  good = '{"question": "q", "answer": "#### 1"}\n'
+  path.write_text(good + "\n" + '{"question": "q" "answer": "#### 2"}\n')
+  with pytest.raises(ValueError, match=rf"^{path}, line 3: not valid JSON \(Expecting ',' "
+                                       r"delimiter at column 18\)"):
+    gsm8k.load("test", str(path))
+  path.write_text(good + "[1, 2]\n")
+  with pytest.raises(ValueError, match=rf"^{path}, line 2: expected a JSON object, got list"):
+    gsm8k.load("test", str(path))

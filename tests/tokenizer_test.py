@@ -69,3 +69,29 @@ def test_real_smollm2_tokenizer_matches_transformers_gguf_conversion():
     assert ours.encode(text) == ref.encode(text, add_special_tokens=False)
   assert ours.eos_ids == (2,)  # <|im_end|> ends SmolLM2's turns
   assert ours.chat_prompt("hi").endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("source", ["gguf", "bytes"])
+def test_saved_tokenizer_loads_in_transformers_beside_a_model_and_encodes_the_same(tmp_path,
+                                                                                    source):
+  import json
+
+  import transformers
+  from tba_jax.model import ModelConfig
+  if source == "gguf":
+    _write_tokenizer_gguf(str(tmp_path / "tok.gguf"), "smollm")
+    ours = tokenizer.from_gguf(str(tmp_path / "tok.gguf"))
+  else:
+    ours = tokenizer.byte_tokenizer()
+  out = tmp_path / "export"
+  # As in an export: a llama config.json beside the tokenizer files.
+  hf_checkpoints.config_to_hf(ModelConfig(vocab_size=ours.vocab_size, dim=8, mlp_dim=16,
+                                          num_layers=1, num_heads=2, num_kv_heads=1,
+                                          head_dim=4)).save_pretrained(str(out))
+  ours.save_pretrained(str(out))
+  theirs = transformers.AutoTokenizer.from_pretrained(str(out))
+  for text in ["ab 12<|im_end|>", "ab  1\n\n12 ab", "Natalia sold 48 clips"]:
+    assert theirs(text)["input_ids"] == ours.encode(text), text
+  generation = json.loads((out / "generation_config.json").read_text())
+  assert generation["eos_token_id"] == list(ours.eos_ids)
+  assert generation["pad_token_id"] == ours.pad_id

@@ -55,8 +55,20 @@ def make_prompt(question: str, style: str, tokenizer=None) -> str:
 
 
 def _read_jsonl(path: str) -> list[dict]:
+  rows = []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}, line {number}: not valid JSON ({e.msg} at column {e.colno})") \
+            from None
+      if not isinstance(row, dict):
+        raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
+      rows.append(row)
+  return rows
 
 
 def _read_parquet(path: str) -> list[dict]:

@@ -1,0 +1,169 @@
+"""The experiment config checked up front, and `key=value` overrides parsed strictly.
+
+`validate(config)` runs before anything is loaded or written (loop.run calls it
+first), so a misspelt mode or an out-of-range value stops the run with one line
+per problem naming the key, the value and what is allowed, instead of running
+with a silently different behaviour. `apply_overrides` is the parser behind
+`configs/gsm8k.py:VARIANT,key=value,...`; the command line's
+`--config.key=value` errors are explained with the same words
+(experiments/gsm8k.py).
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Callable, Iterable
+
+# Keys whose value must be one of a fixed set.
+CHOICES = {
+    "sync.mode": ("async", "alternate"),
+    "loss.name": ("tb", "rloo", "grpo"),
+    "optim.schedule": ("wsd", "linear", "cosine", "constant"),
+    "buffer.eviction": ("oldest", "lowest_reward"),  # replay_buffer.EVICTION_POLICIES
+    "task.name": ("gsm8k", "arithmetic"),
+    "model.dtype": ("float32", "bfloat16"),
+    "sync.weights_dtype": ("", "float32", "bfloat16"),
+}
+# Counts and periods that must be >= 1.
+AT_LEAST_ONE = (
+    "num_train_steps", "task.max_prompt_len", "mesh.num_trainer_devices", "mesh.num_searchers",
+    "mesh.trainer_tensor", "mesh.searcher_tensor", "sampler.max_new_tokens",
+    "sampler.num_samples_per_prompt", "sampler.num_prompts_per_batch", "loss.beta_anneal_steps",
+    "optim.num_microbatches", "buffer.num_prompts", "buffer.samples_per_prompt",
+    "buffer.max_per_prompt", "buffer.prefill", "sync.every", "eval.max_new_tokens",
+    "eval.batch_size", "checkpoint.every", "checkpoint.max_to_keep", "log.every")
+# Sizes, periods and coefficients where 0 means "off" / "all" / "none".
+AT_LEAST_ZERO = (
+    "max_train_seconds", "task.num_train_problems", "mesh.num_cpu_devices", "mesh.num_devices",
+    "sampler.top_k", "loss.beta_start", "loss.beta_end", "loss.beta_switch_step",
+    "loss.ratio_clip", "loss.kl_coef", "loss.ref_reset_every", "optim.learning_rate",
+    "optim.warmup_steps", "optim.stable_steps", "optim.decay_steps", "optim.weight_decay",
+    "optim.grad_clip_norm", "buffer.max_entries", "eval.every", "eval.every_seconds",
+    "eval.num_problems", "eval.num_samples")
+# Closed intervals [low, high].
+INTERVALS = {
+    "buffer.m": (0.0, 1.0), "buffer.reward_weight": (0.0, 1.0), "optim.b1": (0.0, 1.0),
+    "optim.b2": (0.0, 1.0),
+}
+# Open below: must be > 0.
+POSITIVE = ("sampler.temperature", "sampler.top_p", "buffer.reward_tau")
+PROMPT_STYLES = ("paper", "chat")
+
+
+class ConfigError(ValueError):
+  """A config value that cannot run; the message names the key and what is allowed."""
+
+
+def flat_keys(config, prefix: str = "") -> list[str]:
+  """Every leaf key of a (nested) ConfigDict or dict, dotted."""
+  out = []
+  for k in config.keys():
+    v = config[k]
+    if hasattr(v, "keys"):
+      out.extend(flat_keys(v, f"{prefix}{k}."))
+    else:
+      out.append(f"{prefix}{k}")
+  return out
+
+
+def lookup(config, key: str):
+  node = config
+  for part in key.split("."):
+    node = node[part]
+  return node
+
+
+def unknown_key_message(key: str, config) -> str:
+  keys = flat_keys(config)
+  close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+  leaf = key.rsplit(".", 1)[-1]
+  close = close or [k for k in keys if k.rsplit(".", 1)[-1] == leaf][:1]
+  hint = f"; did you mean {close[0]!r}?" if close else ""
+  return f"unknown config key {key!r}{hint}"
+
+
+def _problems(config) -> Iterable[str]:
+  get = lambda key: lookup(config, key)
+  checks: list[tuple[str, Callable[[Any], bool], str]] = []
+  checks += [(k, lambda v, c=c: v in c, "one of " + ", ".join(map(repr, c)))
+             for k, c in CHOICES.items()]
+  checks += [(k, lambda v: v >= 1, ">= 1") for k in AT_LEAST_ONE]
+  checks += [(k, lambda v: v >= 0, ">= 0") for k in AT_LEAST_ZERO]
+  checks += [(k, lambda v, lo=lo, hi=hi: lo <= v <= hi, f"in [{lo}, {hi}]")
+             for k, (lo, hi) in INTERVALS.items()]
+  checks += [(k, lambda v: v > 0, "> 0") for k in POSITIVE]
+  checks += [("sampler.top_p", lambda v: v <= 1, "<= 1")]
+  for key, ok, allowed in checks:
+    try:
+      value = get(key)
+    except (KeyError, AttributeError, TypeError):
+      yield f"{key}: missing"
+      continue
+    try:
+      good = ok(value)
+    except TypeError:  # e.g. a string where a number belongs
+      good = False
+    if not good:
+      close = difflib.get_close_matches(str(value), CHOICES.get(key, ()), n=1)
+      hint = f" (did you mean {close[0]!r}?)" if close else ""
+      yield f"{key}={value!r}: must be {allowed}{hint}"
+  style = get("task.prompt_style")
+  if style not in PROMPT_STYLES:
+    try:
+      style.format(question="")
+      has_question = "{question}" in style
+    except (KeyError, IndexError, ValueError):
+      has_question = False
+    if not has_question:
+      yield (f"task.prompt_style={style!r}: must be 'paper', 'chat' or a format string whose "
+             "only field is {question}")
+  if get("model.path") == "random" and not get("model.tokenizer"):
+    yield "model.tokenizer='': a random model needs a tokenizer (e.g. 'bytes')"
+  if not get("model.path"):
+    yield ("model.path='': must be a HF directory, a hub id, a .gguf file, 'smollm2' or "
+           "'random'")
+
+
+def validate(config) -> None:
+  """Raises ConfigError listing every value that cannot run (one line each)."""
+  problems = list(_problems(config))
+  if len(problems) == 1:
+    raise ConfigError(f"config: {problems[0]}")
+  if problems:
+    raise ConfigError("config:\n  " + "\n  ".join(problems))
+
+
+# ---------------------------------------------------------------------------
+# key=value overrides.
+# ---------------------------------------------------------------------------
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def parse_value(key: str, text: str, current):
+  """`text` as the type of the key's current value; ConfigError when it is not one."""
+  if isinstance(current, bool):
+    if text.strip().lower() in _TRUE + _FALSE:
+      return text.strip().lower() in _TRUE
+    raise ConfigError(f"{key}={text!r}: not a boolean (true/false, 1/0, yes/no)")
+  if isinstance(current, (int, float)):
+    kind = type(current)
+    try:
+      return kind(text)
+    except ValueError:
+      raise ConfigError(f"{key}={text!r}: not {'an int' if kind is int else 'a float'}") from None
+  return text
+
+
+def apply_overrides(config, overrides: Iterable[str]) -> None:
+  """Applies "section.key=value" strings to an unlocked config, strictly typed."""
+  for item in overrides:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep:
+      raise ConfigError(f"config override {item!r}: expected key=value")
+    try:
+      current = lookup(config, key)
+    except (KeyError, AttributeError, TypeError):
+      raise ConfigError(unknown_key_message(key, config)) from None
+    *parents, leaf = key.split(".")
+    node = lookup(config, ".".join(parents)) if parents else config
+    node[leaf] = parse_value(key, text, current)

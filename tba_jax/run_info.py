@@ -1,0 +1,94 @@
+"""What a run is, printed when it starts and recorded in metrics.jsonl.
+
+The device layout and the mode decide what a run computes as much as the
+config does (one device turns `sync.mode=async` into alternation), so every run
+states them, with the model, the task sizes and the beta and lr schedules as
+the run will apply them, before its first step. loop.run prints `banner(...)`
+and writes the same dict as the "run" field of the segment's first
+metrics.jsonl row (metrics.MetricsWriter.start_segment).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+
+
+def _points(fn: Callable[[int], float], steps, last: int) -> str:
+  """`fn` at the given steps (within 1..last), e.g. "0.014 @1 -> 0.004 @500 -> 0.004 @700"."""
+  pts = sorted({s for s in steps if 1 <= s <= last} | {1, last})
+  values = [(s, float(fn(s))) for s in pts]
+  if len({v for _, v in values}) == 1:
+    return f"{values[0][1]:.4g} at every step"
+  return " -> ".join(f"{v:.4g} @{s}" for s, v in values)
+
+
+def schedules(c, beta_at: Callable[[int], float], lr_at: Callable[[int], float]) -> dict:
+  """The beta and lr of the update that produces step s, at the steps where they change."""
+  n, lo, o = c.num_train_steps, c.loss, c.optim
+  beta_steps = (lo.beta_anneal_steps // 2, lo.beta_anneal_steps, lo.beta_switch_step - 1,
+                lo.beta_switch_step)
+  w, st, d = o.warmup_steps, o.stable_steps, o.decay_steps
+  lr_steps = (w, w + 1, w + st, w + st + d // 2, w + st + d, n // 2)
+  return {"beta": _points(beta_at, beta_steps, n) + f" ({lo.name})",
+          "lr": _points(lr_at, lr_steps, n) + f" ({o.schedule})"}
+
+
+def describe(c, *, trainer_mesh, searcher_meshes, mode: str, model_config, num_params: int,
+             task, num_eval_problems: int, start_step: int, beta_at, lr_at) -> dict:
+  """The setup of this run as a JSON-able dict."""
+  device = jax.devices()[0]
+  note = ""
+  if mode != c.sync.mode:
+    note = (f"sync.mode={c.sync.mode!r} asked, but this host has one device: the roles share "
+            "it and take turns")
+  b, s = c.buffer, c.sampler
+  return {
+      "devices": {"count": jax.device_count(), "platform": device.platform,
+                  "kind": device.device_kind, "processes": jax.process_count()},
+      "trainer": {"devices": int(trainer_mesh.devices.size), "mesh": dict(trainer_mesh.shape)},
+      "searchers": {"per_process": len(searcher_meshes),
+                    "devices_each": int(searcher_meshes[0].devices.size),
+                    "shared_with_trainer": bool(set(searcher_meshes[0].devices.flat) &
+                                                set(trainer_mesh.devices.flat))},
+      "mode": mode, "mode_note": note,
+      "model": {"path": c.model.path, "type": model_config.model_type,
+                "parameters": int(num_params), "layers": model_config.num_layers,
+                "dim": model_config.dim, "vocab": model_config.vocab_size,
+                "dtype": c.model.dtype, "master_dtype": str(model_config.dtype),
+                "searcher_dtype": c.sync.weights_dtype or c.model.dtype},
+      "task": {"name": c.task.name, "train_problems": len(task.train),
+               "test_problems": len(task.test), "eval_problems": num_eval_problems},
+      "batch": {"prompts": b.num_prompts, "samples_per_prompt": b.samples_per_prompt,
+                "m": b.m, "sync_every": c.sync.every, "searcher_prompts": s.num_prompts_per_batch,
+                "searcher_samples_per_prompt": s.num_samples_per_prompt},
+      "steps": {"from": start_step, "to": c.num_train_steps},
+      **schedules(c, beta_at, lr_at),
+  }
+
+
+def banner(setup: dict, workdir: str) -> str:
+  """A few lines for the console."""
+  d, t, sr, m = setup["devices"], setup["trainer"], setup["searchers"], setup["model"]
+  ta, ba = setup["task"], setup["batch"]
+  mode = {"async": "async (searchers sample in threads while the trainer trains)",
+          "alternate": "alternate (a search round, then sync_every training steps)"}[setup["mode"]]
+  shared = " (the same device)" if sr["shared_with_trainer"] else ""
+  lines = [
+      f"tba_jax run in {workdir}: steps {setup['steps']['from']} -> {setup['steps']['to']}",
+      f"  devices   {d['count']} x {d['platform']} ({d['kind']}), {d['processes']} process(es)",
+      f"  layout    trainer {t['devices']} device(s) {t['mesh']}; searchers {sr['per_process']} "
+      f"per process x {sr['devices_each']} device(s){shared}",
+      f"  mode      {mode}" + (f"\n            NOTE: {setup['mode_note']}" if setup["mode_note"]
+                               else ""),
+      f"  model     {m['path']} ({m['type']}, {m['parameters'] / 1e6:.1f}M parameters, "
+      f"{m['layers']} layers); trainer {m['master_dtype']}, searchers {m['searcher_dtype']}",
+      f"  task      {ta['name']}: {ta['train_problems']} train / {ta['test_problems']} test "
+      f"problems, {ta['eval_problems']} evaluated",
+      f"  batch     {ba['prompts']} prompts x {ba['samples_per_prompt']} samples, m={ba['m']}, "
+      f"sync every {ba['sync_every']} steps; searcher batch {ba['searcher_prompts']} prompts x "
+      f"{ba['searcher_samples_per_prompt']} samples",
+      f"  beta      {setup['beta']}",
+      f"  lr        {setup['lr']}",
+  ]
+  return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""Run checkpoints: a damaged newest checkpoint falls back to the newest that restores."""
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tba_jax.checkpoint import Checkpointer, CheckpointError, ConfigMismatchError
+
+CONFIG = {"model": {"path": "random"}, "num_train_steps": 10}
+
+
+class State(NamedTuple):  # a pytree node type, as the real TrainState is
+  w: jax.Array
+  step: jax.Array
+
+
+def _state(step):
+  # Random values: orbax compresses, and a constant array would fit in a few bytes.
+  w = np.random.default_rng(step).normal(size=(64, 256)).astype(np.float32)
+  return State(jnp.asarray(w), jnp.int32(step))
+
+
+def _abstract():
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                      _state(0))
+
+
+def _save(directory, *steps):
+  ckpt = Checkpointer(directory)
+  for step in steps:
+    ckpt.save(step, _state(step), {"x": np.arange(step + 1)}, {"step": step}, CONFIG)
+  ckpt.close()
+
+
+def _truncate_largest_array_file(step_dir):
+  data = os.path.join(step_dir, "train_state", "ocdbt.process_0", "d")
+  files = [os.path.join(data, f) for f in os.listdir(data)]
+  path = max(files, key=os.path.getsize)
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def _remove_metadata(step_dir):
+  os.remove(os.path.join(step_dir, "train_state", "_METADATA"))
+
+
+@pytest.mark.parametrize("damage", [_truncate_largest_array_file, _remove_metadata])
+def test_damaged_newest_checkpoint_falls_back_and_is_moved_aside(tmp_path, capsys, damage):
+  directory = str(tmp_path / "checkpoints")
+  _save(directory, 2, 4)
+  damage(os.path.join(directory, "4"))
+  ckpt = Checkpointer(directory)
+  step, state, buffer, meta = ckpt.restore(_abstract(), CONFIG)
+  assert step == 2 and meta == {"step": 2}
+  np.testing.assert_array_equal(state.w, _state(2).w)
+  np.testing.assert_array_equal(buffer["x"], np.arange(3))
+  out = capsys.readouterr().out
+  # One paragraph naming the skipped checkpoint and why, not the storage layer's dump.
+  assert out.count("\n") == 1 and len(out) < 900, out
+  assert "resuming from checkpoint 2; the newer checkpoint 4 does not restore (" in out
+  aside = os.listdir(tmp_path / "checkpoints_unreadable")
+  assert len(aside) == 1 and aside[0].startswith("4-")
+  # The run saves step 4 again where the damaged one was.
+  ckpt.save(4, _state(4), {"x": np.arange(5)}, {"step": 4}, CONFIG)
+  assert ckpt.restore(_abstract(), CONFIG)[0] == 4
+  ckpt.close()
+
+
+def test_no_restorable_checkpoint_is_an_error_naming_each(tmp_path):
+  directory = str(tmp_path / "checkpoints")
+  _save(directory, 2, 4)
+  _remove_metadata(os.path.join(directory, "2"))
+  _truncate_largest_array_file(os.path.join(directory, "4"))
+  with pytest.raises(CheckpointError, match=r"(?s)no checkpoint .* restores: step 4: .*step 2: "):
+    Checkpointer(directory).restore(_abstract(), CONFIG)
+  assert sorted(os.listdir(directory)) == ["2", "4"]  # nothing moved or deleted
+
+
+def test_a_config_mismatch_is_refused_not_skipped(tmp_path):
+  directory = str(tmp_path / "checkpoints")
+  _save(directory, 2)
+  changed = {"model": {"path": "other"}, "num_train_steps": 10}
+  with pytest.raises(ConfigMismatchError, match="model.path: 'random' -> 'other'"):
+    Checkpointer(directory).restore(_abstract(), changed)
+  assert os.listdir(directory) == ["2"]

@@ -1,0 +1,106 @@
+"""The config is checked before anything runs; overrides are parsed strictly."""
+import pytest
+
+from configs import gsm8k as gsm8k_config
+from tba_jax import config_checks, loop
+from tba_jax.config_checks import ConfigError
+from tba_jax.replay_buffer import EVICTION_POLICIES
+
+
+def _config(**values):
+  c = gsm8k_config.get_config("tiny")
+  c.unlock()
+  for key, value in values.items():
+    *parents, leaf = key.split("__")
+    node = c
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def test_every_variant_passes():
+  for variant in gsm8k_config.VARIANTS:
+    config_checks.validate(gsm8k_config.get_config(variant))
+
+
+@pytest.mark.parametrize("key", sorted(config_checks.CHOICES))
+def test_each_enumerated_key_refuses_a_value_outside_its_choices(key):
+  bad = "asynch" if key == "sync.mode" else "bogus"
+  c = _config(**{key.replace(".", "__"): bad})
+  allowed = ", ".join(repr(v) for v in config_checks.CHOICES[key])
+  with pytest.raises(ConfigError) as e:
+    config_checks.validate(c)
+  assert str(e.value) == f"config: {key}={bad!r}: must be one of {allowed}" + \
+      (" (did you mean 'async'?)" if key == "sync.mode" else "")
+
+
+@pytest.mark.parametrize("key,bad,allowed", [
+    *[(k, 0, ">= 1") for k in config_checks.AT_LEAST_ONE],
+    *[(k, -1, ">= 0") for k in config_checks.AT_LEAST_ZERO],
+    *[(k, 1.5, f"in [{lo}, {hi}]") for k, (lo, hi) in config_checks.INTERVALS.items()],
+    *[(k, 0.0, "> 0") for k in config_checks.POSITIVE],
+    ("sampler.top_p", 1.5, "<= 1"),
+])
+def test_each_ranged_key_refuses_a_value_outside_its_range(key, bad, allowed):
+  c = _config(**{key.replace(".", "__"): bad})
+  stored = config_checks.lookup(c, key)  # a float field keeps a float
+  with pytest.raises(ConfigError) as e:
+    config_checks.validate(c)
+  assert str(e.value) == f"config: {key}={stored!r}: must be {allowed}"
+
+
+@pytest.mark.parametrize("style,ok", [("paper", True), ("chat", True), ("Q: {question}\nA:", True),
+                                      ("papr", False), ("{q}", False), ("{question", False)])
+def test_prompt_style_is_a_known_name_or_a_format_with_question(style, ok):
+  c = _config(task__prompt_style=style)
+  if ok:
+    config_checks.validate(c)
+  else:
+    with pytest.raises(ConfigError, match=r"task.prompt_style=.*'paper', 'chat' or a format"):
+      config_checks.validate(c)
+
+
+def test_several_problems_are_listed_one_per_line():
+  c = _config(sync__mode="x", buffer__m=2.0, num_train_steps=0)
+  with pytest.raises(ConfigError) as e:
+    config_checks.validate(c)
+  assert str(e.value).splitlines() == [
+      "config:", "  sync.mode='x': must be one of 'async', 'alternate'",
+      "  num_train_steps=0: must be >= 1", "  buffer.m=2.0: must be in [0.0, 1.0]"]
+
+
+def test_the_eviction_choices_are_the_replay_buffers():
+  assert config_checks.CHOICES["buffer.eviction"] == EVICTION_POLICIES
+
+
+def test_loop_run_refuses_a_bad_value_before_creating_the_workdir(tmp_path):
+  workdir = tmp_path / "run"
+  with pytest.raises(ConfigError, match="sync.mode='asynch'"):
+    loop.run(_config(sync__mode="asynch"), str(workdir))
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("override,message", [
+    ("eval.greedy=flase", "eval.greedy='flase': not a boolean (true/false, 1/0, yes/no)"),
+    ("num_train_steps=1.5", "num_train_steps='1.5': not an int"),
+    ("buffer.m=high", "buffer.m='high': not a float"),
+    ("eval.gredy=true", "unknown config key 'eval.gredy'; did you mean 'eval.greedy'?"),
+    ("evl.greedy=true", "unknown config key 'evl.greedy'; did you mean 'eval.greedy'?"),
+    ("greedy=true", "unknown config key 'greedy'; did you mean 'eval.greedy'?"),
+    ("num_train_steps", "config override 'num_train_steps': expected key=value"),
+])
+def test_config_argument_overrides_are_strict_with_did_you_mean(override, message):
+  with pytest.raises(ConfigError) as e:
+    gsm8k_config.get_config(f"tiny,{override}")
+  assert str(e.value) == message
+
+
+@pytest.mark.parametrize("override,key,value", [
+    ("eval.greedy=False", "eval.greedy", False), ("eval.greedy=yes", "eval.greedy", True),
+    ("num_train_steps=12", "num_train_steps", 12), ("buffer.m=0.5", "buffer.m", 0.5),
+    ("sync.mode=alternate", "sync.mode", "alternate")])
+def test_config_argument_overrides_apply(override, key, value):
+  c = gsm8k_config.get_config(f"tiny,{override}")
+  assert config_checks.lookup(c, key) == value
+  assert type(config_checks.lookup(c, key)) is type(value)

@@ -1,0 +1,96 @@
+"""metrics.jsonl rows and segments, wall-clock across resumes, TensorBoard events."""
+import json
+import os
+import struct
+
+import pytest
+
+from tba_jax.metrics import MetricsWriter, read_jsonl
+
+
+def _write(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_resumed_segment_replaces_the_rows_it_reran_without_mixing_keys(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  _write(path, [
+      {"step": 0, "wall_time": 0.0, "run": {"mode": "async"}},
+      {"step": 0, "wall_time": 0.0, "eval/greedy_pass@1": 0.1},
+      *[{"step": s, "wall_time": float(s), "loss": 10.0 + s} for s in range(1, 7)],
+      {"step": 5, "wall_time": 5.5, "eval/greedy_pass@1": 0.9},  # killed after this
+      # Resumed from the checkpoint at step 4: steps 5.. are run again.
+      {"step": 4, "wall_time": 4.2, "run": {"mode": "async"}},
+      *[{"step": s, "wall_time": 4.0 + s, "loss": 20.0 + s} for s in range(5, 8)],
+  ])
+  rows = read_jsonl(str(path))
+  assert [r["step"] for r in rows] == list(range(8))
+  assert [r.get("loss") for r in rows] == [None, 11, 12, 13, 14, 25, 26, 27]
+  assert "eval/greedy_pass@1" not in rows[5]  # the dropped segment's eval does not leak in
+  assert rows[0]["eval/greedy_pass@1"] == 0.1 and all("run" not in r for r in rows)
+  assert [r["wall_time"] for r in rows] == sorted(r["wall_time"] for r in rows)
+
+
+def test_malformed_row_names_the_file_and_line_and_a_cut_last_line_is_skipped(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2 "loss": 2.0}\n{"step": 3}\n')
+  with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not a metrics row"):
+    read_jsonl(str(path))
+  path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "lo')  # killed mid-write
+  assert read_jsonl(str(path)) == [{"step": 1, "loss": 1.0}]
+  # The next segment's writer removes the cut line before appending.
+  writer = MetricsWriter(str(tmp_path), tensorboard=False)
+  writer.write(2, {"loss": 2.0})
+  writer.close()
+  assert [r["step"] for r in read_jsonl(str(path))] == [1, 2]
+
+
+def test_wall_time_continues_from_the_checkpoint_and_never_runs_backwards(tmp_path):
+  writer = MetricsWriter(str(tmp_path), tensorboard=False)
+  writer.start_segment(0, {})
+  writer.write(1, {"loss": 1.0}, wall_time=100.0)
+  writer.write(1, {"eval/x": 1.0}, wall_time=130.0)  # an evaluation after the last save
+  writer.close()
+  # Resumed from step 1 whose checkpoint recorded 110 s: the kept eval row ended at 130 s.
+  writer = MetricsWriter(str(tmp_path), tensorboard=False, elapsed=110.0)
+  assert 110.0 <= writer.elapsed() < 111.0
+  writer.start_segment(1, {})
+  writer.write(2, {"loss": 2.0})
+  writer.close()
+  rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
+  assert rows[0]["wall_time"] == 130.0 and 130.0 <= rows[1]["wall_time"] < 131.0
+
+
+def _events(directory):
+  """Every event in a TensorBoard directory (TFRecord framing: length, crc, data, crc)."""
+  from tensorboardX.proto.event_pb2 import Event
+  events = []
+  for name in sorted(os.listdir(directory)):
+    with open(os.path.join(directory, name), "rb") as f:
+      data = f.read()
+    pos = 0
+    while pos < len(data):
+      (length,) = struct.unpack("<Q", data[pos:pos + 8])
+      events.append(Event.FromString(data[pos + 12:pos + 12 + length]))
+      pos += 12 + length + 4
+  return events
+
+
+def test_tensorboard_tags_are_the_metrics_keys_and_staleness_is_a_histogram(tmp_path):
+  writer = MetricsWriter(str(tmp_path))
+  row = {"loss": 0.5, "eval/greedy_pass@1": 0.25, "pass@4": 0.75, "staleness_max": 3,
+         "staleness_hist": [2, 0, 5, 1]}
+  writer.write(7, row)
+  writer.close()
+  logged = json.loads((tmp_path / "metrics.jsonl").read_text())
+  values = {v.tag: v for e in _events(tmp_path / "tensorboard") if e.step == 7
+            for v in e.summary.value}
+  scalars = {k for k, v in logged.items() if isinstance(v, (int, float)) and k != "step"}
+  assert set(values) == scalars | {"staleness_hist"}
+  for k in scalars:
+    assert values[k].simple_value == pytest.approx(logged[k])
+  hist = values["staleness_hist"].histo
+  assert list(hist.bucket) == [2, 0, 5, 1] and hist.num == 8
+  assert (hist.min, hist.max, hist.sum, hist.sum_squares) == (0, 3, 13, 29)
+  assert list(hist.bucket_limit) == [0.5, 1.5, 2.5, 3.5]
+

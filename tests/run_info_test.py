@@ -1,0 +1,28 @@
+"""The run's setup as printed and recorded: schedules at the steps where they bend."""
+import pytest
+
+from configs import gsm8k as gsm8k_config
+from tba_jax import config_builders, run_info
+
+
+def _schedules(variant):
+  c = gsm8k_config.get_config(variant)
+  beta = config_builders.beta_schedule(c.loss)
+  lr = config_builders.lr_schedule(c.optim, c.num_train_steps)
+  return run_info.schedules(c, lambda u: float(beta(u)), lambda u: float(lr(u)))
+
+
+def test_a_constant_schedule_is_one_value():
+  assert _schedules("cpu") == {"beta": "0.05 at every step (tb)",
+                               "lr": "2e-05 at every step (constant)"}
+
+
+def test_an_annealed_schedule_is_given_where_it_bends():
+  # rho1b: beta_u = 0.004 (u-1)/500 + 0.014 (1 - (u-1)/500) for u < 500, then 0.004.
+  beta = lambda u: 0.004 * (u - 1) / 500 + 0.014 * (1 - (u - 1) / 500) if u < 500 else 0.004
+  text = _schedules("rho1b")["beta"]
+  assert text.endswith(" (tb)")
+  points = [p.split(" @") for p in text[:-len(" (tb)")].split(" -> ")]
+  assert [int(s) for _, s in points] == [1, 250, 499, 500, 700]
+  for value, step in points:
+    assert float(value) == pytest.approx(beta(int(step)), rel=1e-3)
