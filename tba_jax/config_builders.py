@@ -53,7 +53,7 @@ def model_path(path: str) -> str:
 
 
 def load_tokenizer(model_cfg):
-  return tokenizer_lib.load(model_cfg.tokenizer or model_path(model_cfg.path))
+  return tokenizer_lib.load(model_cfg.tokenizer or model_path(model_cfg.path), model_cfg.add_bos)
 
 
 def build_task(task_cfg, tokenizer) -> Task:
@@ -73,16 +73,21 @@ def build_task(task_cfg, tokenizer) -> Task:
     prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer)
   else:
     prompt = lambda p: style.format(question=p.question + suffix)
-  return Task(train=train, test=test, prompt=prompt, reward=gsm8k.reward)
+  return Task(train=train, test=test, prompt=prompt, reward=gsm8k.reward,
+              templated_prompts=style == "chat")
 
 
 def encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, list[int]]:
+  """Prompt ids per problem id, BOS as `tokenizer.add_bos` says (Tokenizer.encode_prompt)."""
   out = {}
   for p in problems:
-    ids = tokenizer.encode(task.prompt(p))
+    ids = tokenizer.encode_prompt(task.prompt(p), templated=task.templated_prompts)
     if len(ids) > max_len:
       raise ValueError(f"problem {p.id}: prompt of {len(ids)} tokens exceeds "
                        f"task.max_prompt_len={max_len}")
+    if ids and ids[-1] in tokenizer.eos_ids:  # the authors assert the same (tba_gsm8k.py L85)
+      raise ValueError(f"problem {p.id}: the prompt ends with an EOS token (the tokenizer "
+                       "appends EOS by default?); generation would start after the end")
     out[p.id] = ids
   return out
 
