@@ -88,7 +88,8 @@ def _base() -> ml_collections.ConfigDict:
       beta_anneal_steps=500,  # ... over this many steps (the authors' (u-1)/D convention)
       beta_switch_step=500,  # from this step on beta = beta_end (== anneal: no jump)
       include_eos=True,      # the EOS token's log-prob counts in log pi
-      ratio_clip=0.0,        # > 0: TBA-prime importance-ratio clip (TB); PPO clip (GRPO/RLOO)
+      ratio_clip=0.0,        # TB: > 0 = TBA-prime's importance-weight cap c; RLOO (the
+                             # paper's Proximal RLOO) and GRPO: PPO's clip eps (0 = 0.2)
       kl_coef=0.04,          # GRPO / RLOO only
       ref_reset_every=0,     # > 0: the reference becomes the current policy every N steps
   )

@@ -96,8 +96,8 @@ def loss_fn(loss_cfg):
   clip = loss_cfg.ratio_clip or None
   if loss_cfg.name == "tb":
     return functools.partial(train_step.tb_loss, ratio_clip=clip)
-  if loss_cfg.name == "rloo":
-    return functools.partial(train_step.rloo_loss, ratio_clip=clip)
+  if loss_cfg.name == "rloo":  # the paper's Proximal RLOO baseline (PPO eps)
+    return functools.partial(train_step.rloo_loss, ratio_clip=loss_cfg.ratio_clip or 0.2)
   if loss_cfg.name == "grpo":
     return functools.partial(train_step.grpo_loss, clip_eps=loss_cfg.ratio_clip or 0.2)
   raise ValueError(f"unknown loss.name {loss_cfg.name!r} (tb, rloo, grpo)")

@@ -96,9 +96,10 @@ def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
 
 def rloo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
               ratio_clip: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """REINFORCE leave-one-out baseline on sequence sums (losses.rloo)."""
+  """REINFORCE leave-one-out on sequence sums; Proximal RLOO with ratio_clip (losses.rloo)."""
   loss, aux = _sequence_loss(losses.rloo, token_logprobs, batch, beta, ratio_clip)
-  return loss, {"kl": aux.kl, "advantage_abs_mean": jnp.mean(jnp.abs(aux.advantages))}
+  return loss, {"kl": aux.kl, "advantage_abs_mean": jnp.mean(jnp.abs(aux.advantages)),
+                "clip_fraction": aux.clip_fraction}
 
 
 def grpo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
