@@ -104,12 +104,17 @@ def _base() -> ml_collections.ConfigDict:
       b2=0.999,
       grad_clip_norm=1.0,    # 0 = no clipping
       master_weights_fp32=True,  # keep float32 master weights when model.dtype is bfloat16
+      moments_dtype="float32",   # AdamW moments; "bfloat16" = torch.optim.AdamW's arithmetic
+                                 # on bfloat16 tensors (the authors', without master weights)
       num_microbatches=1,    # gradient accumulation; each micro-batch holds whole prompts
   )
   c.buffer = dict(
       num_prompts=7,             # B prompts per training batch
       samples_per_prompt=20,     # K completions per prompt in a batch
       m=0.95,                    # probability a slot takes a prompt from the latest sync
+      reuse_latest=True,         # once every latest prompt was taken in a sync window, take
+                                 # them again (the authors' sample_cid); False: such slots
+                                 # draw from the whole buffer instead
       max_per_prompt=100,        # newest entries kept per prompt
       dedup=True,                # an identical completion replaces the older one (False:
                                  # kept apart; with max_per_prompt = K = S nothing is reused)
