@@ -29,9 +29,9 @@ variant has not been measured yet):
   rho1b_stable  rho1b with our deliberate changes, for a better-conditioned run:
           - float32 master weights and AdamW moments (optim.master_weights_fp32,
             moments_dtype): a bfloat16 weight rounds away every update below
-            half its ulp (2^-9 to 2^-8 of its magnitude), and Adam's steps are at
-            most about lr = 1e-5, so in the faithful run a weight larger than
-            about 5e-3 in magnitude changes only when rounding carries a step;
+            half its ulp (2^-9 to 2^-8 of its magnitude), and Adam's steps are
+            rarely larger than lr = 1e-5, so in the faithful run a weight larger
+            than about 4e-3 in magnitude rarely moves at all;
           - gradient clipping at global norm 1 (optim.grad_clip_norm): one batch
             with an outlier squared residual cannot throw the policy far;
           - the EOS token counted in log pi (loss.include_eos): the authors' rule

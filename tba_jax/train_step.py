@@ -12,15 +12,16 @@ argument of `make_update`):
 - float32 master weights: float32 params, compute_dtype="bfloat16". The loss
   casts the params to bfloat16 inside the program, so the forward/backward run
   in bfloat16 while gradients flow back through the cast as float32; AdamW
-  moments and the weight update are float32 (the paper's bf16 training).
+  moments and the weight update are float32 (configs/gsm8k.py:rho1b_stable).
 - bfloat16 params: params stored in bfloat16, compute bfloat16. With
   make_optimizer's default the moments and the update math are float32, and
   each new weight is rounded to bfloat16 once. With moments_dtype="bfloat16"
   the update is torch.optim.AdamW's on bfloat16 tensors, which is what the
   authors train with (bf16 model, torch AdamW, no master copy): moments stored
-  in bfloat16 and every step of the arithmetic rounded to it (`adamw_rounded`).
-  Either way updates below half a bfloat16 ulp of a weight (2^-9 relative) are
-  lost; at lr 1e-5 that is most of them.
+  in bfloat16 and every step of the arithmetic rounded to it (`adamw_rounded`;
+  configs/gsm8k.py:rho1b). Either way an update below half a bfloat16 ulp of a
+  weight (2^-9 to 2^-8 of its magnitude) is lost: Adam's steps are rarely above
+  the lr, so at lr 1e-5 a weight larger than about 4e-3 rarely moves.
 
 Learning-rate schedules are functions of the 1-based update index u, as the
 beta schedules: the authors step their scheduler before each update
