@@ -250,7 +250,10 @@ def _rho1b(c):
 
 
 def _rho1b_stable(c):
-  """rho1b with float32 master weights, clipping, EOS counted, periodic evaluation."""
+  """rho1b with our deliberate changes (why: module docstring): float32 master weights and
+  moments (bfloat16 weights drop sub-ulp updates), gradient clipping at norm 1 (an outlier
+  batch cannot throw the policy), the EOS token counted in log pi (the authors drop it only
+  because their pad token is EOS), evaluation every 100 steps."""
   _rho1b(c)
   c.loss.update(include_eos=True)
   c.optim.update(grad_clip_norm=1.0, master_weights_fp32=True, moments_dtype="float32")
