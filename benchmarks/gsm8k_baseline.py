@@ -35,7 +35,8 @@ def main():
   cfg, params = hf_checkpoints.load(path)
   tok = tokenizer.from_gguf(path)
   problems = gsm8k.load("test", args.data or None, limit=args.num_problems)
-  prompts = [tok.encode(gsm8k.make_prompt(p.question, args.prompt_style, tok)) for p in problems]
+  prompts = [tok.encode_prompt(gsm8k.make_prompt(p.question, args.prompt_style, tok),
+                               templated=args.prompt_style == "chat") for p in problems]
   greedy = Sampler(cfg, max_new_tokens=args.max_new_tokens, greedy=True, eos_ids=tok.eos_ids,
                    pad_id=tok.pad_id)
   evaluator = Evaluator(problems=problems, prompt_tokens=prompts, decode=tok.decode,

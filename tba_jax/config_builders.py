@@ -129,7 +129,7 @@ def _check_tokenizer_files(path: str, directory: str) -> None:
 
 
 def load_tokenizer(model_cfg):
-  return tokenizer_lib.load(model_cfg.tokenizer or model_path(model_cfg.path))
+  return tokenizer_lib.load(model_cfg.tokenizer or model_path(model_cfg.path), model_cfg.add_bos)
 
 
 def build_task(task_cfg, tokenizer) -> Task:
@@ -149,16 +149,21 @@ def build_task(task_cfg, tokenizer) -> Task:
     prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer)
   else:
     prompt = lambda p: style.format(question=p.question + suffix)
-  return Task(train=train, test=test, prompt=prompt, reward=gsm8k.reward)
+  return Task(train=train, test=test, prompt=prompt, reward=gsm8k.reward,
+              templated_prompts=style == "chat")
 
 
 def encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, list[int]]:
+  """Prompt ids per problem id, BOS as `tokenizer.add_bos` says (Tokenizer.encode_prompt)."""
   out = {}
   for p in problems:
-    ids = tokenizer.encode(task.prompt(p))
+    ids = tokenizer.encode_prompt(task.prompt(p), templated=task.templated_prompts)
     if len(ids) > max_len:
       raise ValueError(f"problem {p.id}: prompt of {len(ids)} tokens exceeds "
                        f"task.max_prompt_len={max_len}")
+    if ids and ids[-1] in tokenizer.eos_ids:  # the authors assert the same (tba_gsm8k.py L85)
+      raise ValueError(f"problem {p.id}: the prompt ends with an EOS token (the tokenizer "
+                       "appends EOS by default?); generation would start after the end")
     out[p.id] = ids
   return out
 
@@ -167,8 +172,8 @@ def loss_fn(loss_cfg):
   clip = loss_cfg.ratio_clip or None
   if loss_cfg.name == "tb":
     return functools.partial(train_step.tb_loss, ratio_clip=clip)
-  if loss_cfg.name == "rloo":
-    return functools.partial(train_step.rloo_loss, ratio_clip=clip)
+  if loss_cfg.name == "rloo":  # the paper's Proximal RLOO baseline (PPO eps)
+    return functools.partial(train_step.rloo_loss, ratio_clip=loss_cfg.ratio_clip or 0.2)
   if loss_cfg.name == "grpo":
     return functools.partial(train_step.grpo_loss, clip_eps=loss_cfg.ratio_clip or 0.2)
   raise ValueError(f"unknown loss.name {loss_cfg.name!r} (tb, rloo, grpo)")

@@ -22,6 +22,8 @@ CHOICES = {
     "task.name": ("gsm8k", "arithmetic"),
     "model.dtype": ("float32", "bfloat16"),
     "sync.weights_dtype": ("", "float32", "bfloat16"),
+    "model.add_bos": ("auto", "on", "off"),
+    "optim.moments_dtype": ("float32", "bfloat16"),
 }
 # Counts and periods that must be >= 1.
 AT_LEAST_ONE = (

@@ -36,7 +36,7 @@ from tba_jax import config_builders as build
 from tba_jax import weight_sync
 from tba_jax.checkpoint import Checkpointer
 from tba_jax.evaluation import Evaluator
-from tba_jax.metrics import MetricsWriter
+from tba_jax.metrics import LatestFractionWatch, MetricsWriter
 from tba_jax.model import ModelConfig
 from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.sampler import Sampler
@@ -99,6 +99,9 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   prompt_tokens = build.encode_prompts(task.train, task, tokenizer, c.task.max_prompt_len)
   tp, tc = c.task.max_prompt_len, c.sampler.max_new_tokens
   searcher_dtype = c.sync.weights_dtype or c.model.dtype
+  # Searchers (and evaluation) run in the published dtype, not the float32 of master
+  # weights: their activations and KV cache are bfloat16 on accelerators.
+  searcher_cfg = model_cfg.replace(dtype=searcher_dtype)
   searcher_shardings = [sharding.param_shardings(model_cfg, "searcher", m) for m in searcher_meshes]
   publish = lambda p, i: weight_sync.publish(p, searcher_shardings[i], dtype=searcher_dtype,
                                              trainer_mesh=trainer_mesh)
@@ -106,8 +109,9 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   # ----- Trainer --------------------------------------------------------------
   o = c.optim
   lr = build.lr_schedule(o, c.num_train_steps)
-  lr_at = lambda done: float(lr(done - 1))  # the lr of the update that produced step `done`
-  optimizer = train_step.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None, o.b1, o.b2)
+  lr_at = lambda done: float(lr(done))  # the lr of update `done` (1-based, as the authors)
+  optimizer = train_step.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None, o.b1, o.b2,
+                                        moments_dtype=o.moments_dtype)
   state = train_step.init_state(params, optimizer,
                                 train_step.state_shardings(model_cfg, optimizer, trainer_mesh))
   del params
@@ -116,7 +120,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   update = train_step.make_update(
       model_cfg, optimizer, build.loss_fn(c.loss), beta, trainer_mesh,
       temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
-      num_microbatches=o.num_microbatches, remat=c.model.remat)
+      num_microbatches=o.num_microbatches, remat=c.model.remat, lr_schedule=lr)
   batch_sharding = train_step.batch_shardings(trainer_mesh)
   global_buffer = ReplayBuffer(c.buffer.max_per_prompt, c.buffer.max_entries or None,
                                c.buffer.eviction, seed=c.seed, dedup=c.buffer.dedup)
@@ -126,15 +130,20 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   train_ids = [p.id for p in task.train]
   golds = {p.id: p.gold for p in task.train}
   num_shards = len(searcher_meshes) * jax.process_count()
+  # With reference resets the reference in use is part of the run state: a copy on the
+  # trainer mesh (in the searchers' dtype), saved with every checkpoint.
+  resets = c.loss.ref_reset_every > 0
+  reference = weight_sync.snapshot(state.params, searcher_dtype) if resets else None
   searchers = []
   for i, mesh in enumerate(searcher_meshes):
     shard = i + len(searcher_meshes) * jax.process_index()  # this searcher's global index
-    sampler = Sampler(model_cfg, max_new_tokens=tc, temperature=s.temperature, top_k=s.top_k,
+    sampler = Sampler(searcher_cfg, max_new_tokens=tc, temperature=s.temperature, top_k=s.top_k,
                       top_p=s.top_p, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
                       mesh=mesh)
     first = publish(state.params, i)
     searchers.append(Searcher(
-        shard, model_config=model_cfg, sampler=sampler, mesh=mesh, ref_params=first,
+        shard, model_config=searcher_cfg, sampler=sampler, mesh=mesh,
+        ref_params=publish(reference, i) if resets else first,
         mailbox=weight_sync.Mailbox(0, first), stream=PromptStream(train_ids[shard::num_shards],
                                                                    seed=c.seed + shard),
         prompt_tokens=prompt_tokens, golds=golds, decode=tokenizer.decode, reward=task.reward,
@@ -145,7 +154,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   eval_problems = task.test[:e.num_problems] if e.num_problems else task.test
   eval_mesh = searcher_meshes[0]
   make_eval_sampler = lambda **kw: Sampler(
-      model_cfg, max_new_tokens=e.max_new_tokens, eos_ids=tokenizer.eos_ids,
+      searcher_cfg, max_new_tokens=e.max_new_tokens, eos_ids=tokenizer.eos_ids,
       pad_id=tokenizer.pad_id, mesh=eval_mesh, **kw)
   evaluator = Evaluator(
       problems=eval_problems,
@@ -159,15 +168,21 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
 
   # ----- Resume -------------------------------------------------------------------
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), c.checkpoint.max_to_keep)
-  restored = checkpointer.restore(jax.tree.map(_abstract, state), config_dict)
+  # With resets the checkpointed tree is (train state, reference); loss.ref_reset_every is
+  # part of the config a resume must match, so the structure always fits.
+  run_state = lambda: (state, reference) if resets else state
+  restored = checkpointer.restore(jax.tree.map(_abstract, run_state()), config_dict)
   start_step, elapsed = 0, 0.0
   if restored is not None:
-    start_step, state, buffer_state, meta = restored
+    start_step, saved, buffer_state, meta = restored
+    state, reference = saved if resets else (saved, None)
     global_buffer.load_state_dict(buffer_state)
     for searcher, st in zip(searchers, meta["searchers"][jax.process_index()]):
       searcher.load_state_dict(st)
     for i, searcher in enumerate(searchers):
       searcher.mailbox.put(start_step, publish(state.params, i))
+      if resets:
+        searcher.set_reference(publish(reference, i))
     elapsed = meta.get("wall_time", 0.0)  # absent in checkpoints of older versions
     print(f"Resumed from step {start_step} ({len(global_buffer)} buffer entries).")
 
@@ -175,7 +190,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     # Every process takes part: orbax writes the global arrays collectively.
     states = [sr.state_dict() for sr in searchers]
     searcher_states = _gather_json(states) if jax.process_count() > 1 else [states]
-    checkpointer.save(step, state, global_buffer.state_dict(),
+    checkpointer.save(step, run_state(), global_buffer.state_dict(),
                       {"step": step, "searchers": searcher_states,
                        "wall_time": metrics_writer.elapsed()}, config_dict)
 
@@ -258,18 +273,22 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     b = c.buffer
     train_start = last_eval = time.perf_counter()
     last = max(c.num_train_steps, start_step)
+    # Alternate mode: a round searches what a window of k steps wants from the latest sync
+    # (k x B x m prompts; at least B).
+    window_prompts = max(b.num_prompts, math.ceil(c.sync.every * b.num_prompts * b.m))
+    watch = LatestFractionWatch(b.m)
     for step in range(start_step, c.num_train_steps):
       # Step 0's round was the pre-fill; a resumed run searches at its first step as the
       # uninterrupted run did (its checkpoint was saved after the publish, before the round).
       if mode == "alternate" and step > 0 and step % c.sync.every == 0:
-        search_round(b.num_prompts)
+        search_round(window_prompts)
         merge()
         global_buffer.mark_sync()
       t0 = time.perf_counter()
       batch, info = global_buffer.sample(
           b.num_prompts, b.samples_per_prompt, b.m, max_prompt_len=tp, max_completion_len=tc,
           pad_id=tokenizer.pad_id, include_eos=c.loss.include_eos, reward_tau=b.reward_tau,
-          reward_weight=b.reward_weight)
+          reward_weight=b.reward_weight, reuse_latest=b.reuse_latest)
       version = int(state.step)
       staleness = version - info["versions"]
       state, m = update(state, _to_global(batch, batch_sharding))
@@ -293,14 +312,20 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       if mode == "alternate" and (step + 1) % c.sync.every == 0:
         for i, sr in enumerate(searchers):
           sr.mailbox.put(step + 1, publish(state.params, i))
-      if c.loss.ref_reset_every and (step + 1) % c.loss.ref_reset_every == 0:
+      if resets and (step + 1) % c.loss.ref_reset_every == 0:
+        # Entries already sampled keep the reference log-probs they were scored with; a
+        # batch group can mix them with entries scored under the new reference (README).
+        reference = weight_sync.snapshot(state.params, searcher_dtype)
         for i, sr in enumerate(searchers):
-          sr.set_reference(publish(state.params, i))
+          sr.set_reference(publish(reference, i))
+        if is_main:
+          tqdm.tqdm.write(f"step {step + 1}: reference reset; {len(global_buffer)} buffer "
+                          "entries keep log-probs of the previous reference")
 
       # Metrics, evaluation, checkpoints.
       done = step + 1
       row = {k: float(v) for k, v in m.items()}
-      row.update(lr=lr_at(done), step_seconds=dt, tokens_per_second=m["num_tokens"] / dt,
+      row.update(step_seconds=dt, tokens_per_second=m["num_tokens"] / dt,
                  staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
                  staleness_hist=np.bincount(np.minimum(staleness, 16)).tolist(),
                  fraction_from_latest=info["num_from_latest"] / b.num_prompts,
@@ -310,6 +335,9 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
                  **_searcher_metrics(searchers, time.perf_counter() - search_start))
       if done % c.log.every == 0:
         metrics_writer.write(done, row)
+      warning = watch(done, row["fraction_from_latest"])
+      if warning and is_main:
+        tqdm.tqdm.write(warning)
       bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3g}",
                       stale=f"{row['staleness_mean']:.1f}")
       bar.update(1)

@@ -20,7 +20,8 @@ Switches (each defaults to the TBA paper's behaviour):
   authors' code drops it when pad == eos; a clean setup counts it.
 - Importance-ratio clip (TBA-prime): `trajectory_balance(..., ratio_clip=c)`
   weights each squared residual by stopgrad(min(pi_theta / pi_behaviour, c)).
-  Default None: TBA itself uses no importance weights.
+  Default None: TBA itself uses no importance weights. (For the RLOO and GRPO
+  baselines `ratio_clip` is PPO's eps instead: a different quantity.)
 - beta schedule: `linear_beta` (the authors' anneal, with its (u - 1)
   convention and optional abrupt switch) or `constant_beta`.
 - Reference resetting (TBA-prime: every 50 steps) is a runtime matter, not a
@@ -28,7 +29,8 @@ Switches (each defaults to the TBA paper's behaviour):
   reference params, and samples generated afterwards carry reference
   log-probs from the new reference. Nothing in this file changes.
 
-Baselines for comparison on the same batches: `rloo` and `grpo`.
+Baselines for comparison on the same batches: `rloo` (with `ratio_clip`: the
+paper's Proximal RLOO) and `grpo`.
 """
 from __future__ import annotations
 
@@ -178,31 +180,54 @@ def constant_beta(step: Array | int, beta: float) -> Array:
 # Baselines.
 # ---------------------------------------------------------------------------
 class RLOOAux(NamedTuple):
-  advantages: Array  # [N] leave-one-out advantages of the KL-penalised reward
-  kl: Array          # scalar: mean of log pi_theta - log pi_ref
-  weights: Array     # [N] importance weights (ones without ratio_clip)
+  advantages: Array     # [N] leave-one-out advantages of the KL-penalised reward
+  kl: Array             # scalar: mean of log pi_behaviour - log pi_ref (the shaping's KL)
+  ratios: Array         # [N] pi_theta / pi_behaviour per sequence (ones without ratio_clip)
+  clip_fraction: Array  # scalar: fraction of sequences whose clipped term is the active one
 
 
 def rloo(policy_logprobs: Array, ref_logprobs: Array, rewards: Array, group_ids: Array,
          beta: Array | float, behaviour_logprobs: Array | None = None,
          ratio_clip: float | None = None) -> tuple[Array, RLOOAux]:
-  """REINFORCE leave-one-out on the sequence level; inputs per-sequence [N].
+  """REINFORCE leave-one-out, or Proximal RLOO with `ratio_clip`; inputs per sequence [N].
 
-  R_j = r_j - beta stopgrad(log pi_theta - log pi_ref)(y_j); the baseline of
-  y_j is the mean R over the OTHER members of its group, so
-  A_j = n/(n-1) (R_j - mean_group R). A group of one has no baseline: A = 0.
-  loss = -mean_j stopgrad(w_j A_j) log pi_theta(y_j), w_j = 1 or, with
-  ratio_clip, stopgrad(min(pi_theta / pi_behaviour, ratio_clip)).
+  R_j = r_j - beta (log pi_b - log pi_ref)(y_j) with pi_b the policy that sampled
+  y_j (`behaviour_logprobs`; the current policy, detached, when None): the shaped
+  reward is fixed when the sample is drawn, as in the RLOO trainers of Noukhovitch
+  et al. (async RLHF) and the TBA authors (tba_trainer_gsm8k.py L578-586). The
+  baseline of y_j is the mean R over the OTHER members of its group, so
+  A_j = n/(n-1) (R_j - mean_group R); a group of one has no baseline: A = 0.
+
+  ratio_clip=None: loss = -mean_j A_j log pi_theta(y_j) (on-policy REINFORCE).
+  ratio_clip=eps: Proximal RLOO, the TBA paper's Eq. 6 (from Noukhovitch et al.):
+  PPO's clipped surrogate on the SEQUENCE ratio rho_j = pi_theta(y_j) / pi_b(y_j),
+  loss = -mean_j min(rho_j A_j, clip(rho_j, 1 - eps, 1 + eps) A_j), whose gradient
+  is rho_j A_j grad log pi_theta(y_j) where the unclipped term is the minimum and 0
+  where the clipped one is (rho_j beyond 1 + eps with A_j > 0, below 1 - eps with
+  A_j < 0). Log-ratios are capped at +-80 before exp (float32 overflow); a sample
+  beyond the cap gives no gradient.
   """
   policy_logprobs = policy_logprobs.astype(jnp.float32)
-  log_ratio_ref = jax.lax.stop_gradient(policy_logprobs - ref_logprobs)
+  sampler = jax.lax.stop_gradient(policy_logprobs if behaviour_logprobs is None
+                                  else behaviour_logprobs)
+  log_ratio_ref = sampler - ref_logprobs
   shaped = rewards - beta * log_ratio_ref
   n = group_size(group_ids)
   centred = shaped - group_mean(shaped, group_ids)
   advantages = jnp.where(n > 1, centred * n / jnp.maximum(n - 1.0, 1.0), 0.0)
-  weights = _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip)
-  loss = -jnp.mean(jax.lax.stop_gradient(weights * advantages) * policy_logprobs)
-  return loss, RLOOAux(advantages=advantages, kl=jnp.mean(log_ratio_ref), weights=weights)
+  kl = jnp.mean(log_ratio_ref)
+  if ratio_clip is None:
+    loss = -jnp.mean(jax.lax.stop_gradient(advantages) * policy_logprobs)
+    ones = jnp.ones_like(policy_logprobs)
+    return loss, RLOOAux(advantages=advantages, kl=kl, ratios=ones, clip_fraction=jnp.zeros(()))
+  if behaviour_logprobs is None:
+    raise ValueError("Proximal RLOO (ratio_clip) needs behaviour_logprobs")
+  ratio = jnp.exp(jnp.clip(policy_logprobs - behaviour_logprobs, -80.0, 80.0))
+  unclipped = ratio * advantages
+  clipped = jnp.clip(ratio, 1.0 - ratio_clip, 1.0 + ratio_clip) * advantages
+  loss = -jnp.mean(jnp.minimum(unclipped, clipped))
+  return loss, RLOOAux(advantages=advantages, kl=kl, ratios=jax.lax.stop_gradient(ratio),
+                       clip_fraction=jnp.mean(clipped < unclipped))
 
 
 class GRPOAux(NamedTuple):
@@ -216,8 +241,10 @@ def grpo(policy_logprobs: Array, behaviour_logprobs: Array, ref_logprobs: Array,
          clip_eps: float = 0.2, std_eps: float = 1e-4) -> tuple[Array, GRPOAux]:
   """GRPO (DeepSeekMath) with PER-TOKEN log-probs [N, T] and mask [N, T].
 
-  A_j = (r_j - mean_group r) / (std_group r + std_eps), population std (a group
-  of one gets A = 0). Per token: PPO clipped surrogate of the ratio
+  A_j = (r_j - mean_group r) / (std_group r + std_eps) with the sample standard
+  deviation (Bessel's n - 1), as TRL's GRPOTrainer (its default
+  scale_rewards="group": trl/trainer/utils.py nanstd, std_eps 1e-4); a group of
+  one gets A = 0. Per token: PPO clipped surrogate of the ratio
   pi_theta / pi_behaviour, minus beta times the k3 KL estimate
   exp(ref - pi) - (ref - pi) - 1. Averaged over each sequence's counted
   tokens, then over sequences (so equal-size micro-batches accumulate exactly).
@@ -225,8 +252,9 @@ def grpo(policy_logprobs: Array, behaviour_logprobs: Array, ref_logprobs: Array,
   lp = policy_logprobs.astype(jnp.float32)
   counted = mask > 0
   mean = group_mean(rewards, group_ids)
-  std = jnp.sqrt(group_mean((rewards - mean) ** 2, group_ids))
-  advantages = (rewards - mean) / (std + std_eps)
+  n = group_size(group_ids)
+  std = jnp.sqrt(group_mean((rewards - mean) ** 2, group_ids) * n / jnp.maximum(n - 1.0, 1.0))
+  advantages = jnp.where(n > 1, (rewards - mean) / (std + std_eps), 0.0)
   # Log-ratios are zeroed at padding BEFORE exp: an overflow there would turn
   # into a NaN gradient even though the value is masked out later.
   ratio = jnp.exp(jnp.where(counted, lp - behaviour_logprobs, 0.0))

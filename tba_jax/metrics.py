@@ -14,6 +14,7 @@ tensorboardX's cleaned "eval/greedy_pass_1"); `staleness_hist` is a histogram.
 """
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -153,3 +154,31 @@ def read_jsonl(path: str) -> list[dict]:
         continue
       by_step.setdefault(step, {}).update(row)
   return [by_step[s] for s in sorted(by_step)]
+
+
+class LatestFractionWatch:
+  """A warning when the fraction of batch slots from the latest sync stays well below m.
+
+  Call once per step with the step's `fraction_from_latest`; returns a message (at
+  most once per `window` steps) when the mean over the last `window` steps is
+  below m - margin. With buffer.reuse_latest the m branch misses only when a sync
+  brought fewer latest prompts than a batch holds; without it, whenever the
+  searchers deliver fewer than k x B x m prompts per sync window.
+  """
+
+  def __init__(self, m: float, window: int = 20, margin: float = 0.1):
+    self.m, self.window, self.margin = m, window, margin
+    self.recent: collections.deque[float] = collections.deque(maxlen=window)
+    self.last_warned = -window
+
+  def __call__(self, step: int, fraction: float) -> str | None:
+    self.recent.append(fraction)
+    mean = sum(self.recent) / len(self.recent)
+    if (len(self.recent) < self.window or mean >= self.m - self.margin
+        or step - self.last_warned < self.window):
+      return None
+    self.last_warned = step
+    return (f"warning: step {step}: only {mean:.2f} of the batch slots came from the latest "
+            f"sync over the last {self.window} steps (m = {self.m}); the searchers deliver "
+            "too few fresh prompts per sync window (more searchers or prompts per searcher "
+            "batch, a longer sync.every, or buffer.reuse_latest=True)")

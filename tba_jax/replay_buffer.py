@@ -11,13 +11,24 @@
 Sync windows. `mark_sync()` closes a window: the prompts that received at least
 one entry since the previous `mark_sync()` (or since construction) become the
 "latest" prompts, replacing the previous set, and every latest prompt becomes
-available again to the m branch. The trainer calls it right after merging the
+available again to the m branch; a window in which no prompt was refreshed
+leaves the latest prompts as they were (the authors' trainer buffer keeps its
+online set until new data arrives). The trainer calls it right after merging the
 searchers' new entries at each weight sync (and once after pre-filling), so
 "latest" means "refreshed at the latest sync". Between syncs the m branch takes
-latest prompts without replacement, across slots AND across `sample` calls; once
-none is left, a slot that picked the m branch falls back to the any-prompt
-branch (counted in info["num_latest_fallback"]), because replaying the same K
-newest entries again would add no new on-policy information.
+latest prompts without replacement, across slots AND across `sample` calls. Once
+every latest prompt was taken, `reuse_latest=True` starts another pass over them
+(the authors' buffer_utils.sample_cid refills its online set with the ones already
+drawn), so the slots that picked the m branch keep training on the freshest data
+when the searchers fall behind; `reuse_latest=False` sends those slots to the
+any-prompt branch instead (counted in info["num_latest_fallback"]). A batch never
+holds a latest prompt twice (the loss groups rows by prompt id, so a repeat would
+merge two groups into one of 2K); a slot with none left for it falls back too.
+
+The m branch draws its K entries uniformly from the prompt's newest generation
+(the entries sampled under the prompt's newest policy version, i.e. its latest
+search batch: the authors' CommentBuffer.get_batch draws from its n_online
+newest items), never from older ones.
 
 Staleness enters here: every entry keeps the policy version that sampled it,
 and `sample` returns those versions per row; the loop turns them into metrics.
@@ -61,7 +72,8 @@ def _draw(p: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray, 
     with np.errstate(divide="ignore"):
       keys = np.log(p) + rng.gumbel(size=n)
     return np.argsort(-keys, kind="stable")[:k], False
-  # Every unique entry once, the shortfall with replacement, so a small group stays diverse.
+  # Every unique entry once, the shortfall with replacement, so a small group stays diverse
+  # (the authors draw all K with replacement here: rng.choice(n, K, replace=True)).
   return np.concatenate([np.arange(n), rng.choice(n, size=k - n, p=p)]), True
 
 
@@ -188,9 +200,10 @@ class ReplayBuffer:
   def mark_sync(self) -> int:
     """Closes the sync window (module docstring); returns the number of latest prompts."""
     with self._lock:
-      self._latest = sorted(self._pending)
-      self._latest_left = list(self._latest)
-      self._pending.clear()
+      if self._pending:  # else the latest prompts stay those of the previous window
+        self._latest = sorted(self._pending)
+        self._latest_left = list(self._latest)
+        self._pending.clear()
       self._num_syncs += 1
       return len(self._latest)
 
@@ -237,15 +250,18 @@ class ReplayBuffer:
   def sample(self, num_prompts: int, samples_per_prompt: int, m: float,
              rng: np.random.Generator | None = None, *, max_prompt_len: int,
              max_completion_len: int, pad_id: int, include_eos: bool = True,
-             reward_tau: float = 1.0, reward_weight: float = 0.0) -> tuple[TrainBatch, dict]:
+             reward_tau: float = 1.0, reward_weight: float = 0.0,
+             reuse_latest: bool = True) -> tuple[TrainBatch, dict]:
     """A [P x K] TrainBatch (P = num_prompts slots, K = samples_per_prompt) and info.
 
     Each slot independently takes the m branch with probability m: a latest
-    prompt not yet taken in this sync window and its K newest entries. Otherwise
-    (or when no latest prompt is left) the any-prompt branch: a uniformly chosen
-    prompt not already in this batch (any prompt once all are in it) and K
-    entries drawn by `entry_probs(rewards, reward_tau, reward_weight)`. Either
-    branch draws without replacement unless the prompt has fewer than K entries.
+    prompt not yet taken in this sync window (once all were taken: another pass
+    with `reuse_latest`, else the any-prompt branch) and K entries drawn
+    uniformly from its newest generation. Otherwise the any-prompt branch: a
+    uniformly chosen prompt not already in this batch (any prompt once all are
+    in it) and K entries drawn by `entry_probs(rewards, reward_tau,
+    reward_weight)`. Either branch draws without replacement unless there are
+    fewer than K entries to draw from.
     `rng` defaults to the buffer's own generator (saved with the buffer). A
     failed call (e.g. an entry too long) leaves the buffer and the RNG untouched.
 
@@ -268,7 +284,7 @@ class ReplayBuffer:
       latest_left = list(self._latest_left)
       try:
         slots, fallback = self._select(num_prompts, k, m, rng, latest_left, reward_tau,
-                                       reward_weight)
+                                       reward_weight, reuse_latest)
         check_fits((e for s in slots for _, e in s[3]), max_prompt_len, max_completion_len)
       except BaseException:
         rng.bit_generator.state = rng_state
@@ -287,19 +303,26 @@ class ReplayBuffer:
                 num_from_latest=int(from_latest.sum()), num_latest_fallback=fallback)
     return batch, info
 
-  def _select(self, num_prompts, k, m, rng, latest_left, tau, weight):
+  def _select(self, num_prompts, k, m, rng, latest_left, tau, weight, reuse_latest):
     """Per slot (prompt id, from_latest, with_replacement, [(seq, entry)] * K)."""
     slots: list = [None] * num_prompts
     wants_latest = rng.random(num_prompts) < m  # one Bernoulli(m) per slot
     fallback, in_batch = 0, set()
     for i in np.flatnonzero(wants_latest):
-      if not latest_left:
+      free = [j for j, p in enumerate(latest_left) if p not in in_batch]
+      if not free and reuse_latest:  # the taken latest prompts become available again
+        latest_left.extend(p for p in self._latest if p in self._entries and p not in latest_left)
+        free = [j for j, p in enumerate(latest_left) if p not in in_batch]
+      if not free:
         fallback += 1
         continue
-      pid = latest_left.pop(int(rng.integers(len(latest_left))))
-      items = list(self._entries[pid].values())[-k:]  # the K newest, oldest first
-      extra = rng.integers(len(items), size=k - len(items))  # only when fewer than K exist
-      slots[i] = (pid, True, len(items) < k, items + [items[j] for j in extra])
+      pid = latest_left.pop(free[int(rng.integers(len(free)))])
+      items = list(self._entries[pid].values())
+      newest = max(e.version for _, e in items)
+      generation = [item for item in items if item[1].version == newest]
+      idx, replaced = _draw(np.full(len(generation), 1.0 / len(generation)), k, rng)
+      # Buffer order within the slot (a uniform draw's order carries no information).
+      slots[i] = (pid, True, replaced, [generation[j] for j in np.sort(idx)])
       in_batch.add(pid)
     everyone = sorted(self._entries)
     # Distinct prompts per batch while possible: the loss groups rows by prompt id, so a

@@ -3,6 +3,16 @@
 All three are wrapped in one `Tokenizer` (a transformers fast tokenizer inside)
 exposing what the rest of the code needs: encode / decode, EOS and pad ids,
 and the chat template.
+
+Prompts and BOS (`encode_prompt`). A model is trained with whatever its
+tokenizer adds by default, so a prompt gets exactly that: transformers'
+`tokenizer(text)`, which for a Llama tokenizer (RhoMath-1B, the paper's model)
+puts `<s>` first and for SmolLM2 or Qwen2.5 adds nothing (the authors tokenize
+their GSM8K prompts this way: bbartoldson/TBA src/gsm8k_utils.py L30). Text
+rendered by a chat template already holds the template's own special tokens
+(`{{ bos_token }}` included), so it is tokenized as `apply_chat_template`
+does, with nothing added: never a second BOS. `add_bos="on"` / `"off"` force a
+single leading BOS / none whatever the tokenizer's default.
 """
 from __future__ import annotations
 
@@ -25,19 +35,44 @@ _PRE_SPLITS = {
 }
 
 
+ADD_BOS = ("auto", "on", "off")
+
+
 @dataclasses.dataclass
 class Tokenizer:
   """A transformers fast tokenizer plus the ids generation needs."""
   hf: object  # transformers.PreTrainedTokenizerFast
   eos_ids: tuple[int, ...]
   pad_id: int
+  add_bos: str = "auto"  # prompts: "auto" (the tokenizer's default), "on" or "off"
+
+  def __post_init__(self):
+    if self.add_bos not in ADD_BOS:
+      raise ValueError(f"add_bos={self.add_bos!r}; expected one of {ADD_BOS}")
+    if self.add_bos == "on" and self.hf.bos_token_id is None:
+      raise ValueError("add_bos='on' but the tokenizer defines no BOS token")
 
   @property
   def vocab_size(self) -> int:
     return len(self.hf)
 
   def encode(self, text: str) -> list[int]:
+    """The text's own tokens, no special tokens added (prompts: `encode_prompt`)."""
     return self.hf.encode(text, add_special_tokens=False)
+
+  def encode_prompt(self, text: str, templated: bool = False) -> list[int]:
+    """A prompt's ids, BOS per `add_bos` (module docstring).
+
+    `templated`: the text came from the chat template (`chat_prompt`).
+    """
+    ids = self.hf.encode(text, add_special_tokens=not templated)
+    bos = self.hf.bos_token_id
+    starts_with_bos = bool(ids) and bos is not None and ids[0] == bos
+    if self.add_bos == "on" and not starts_with_bos:
+      ids = [bos] + ids
+    elif self.add_bos == "off" and starts_with_bos:
+      ids = ids[1:]
+    return ids
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -65,13 +100,14 @@ class Tokenizer:
         bos_token_id=self.hf.bos_token_id).save_pretrained(out_dir)
 
 
-def _wrap(hf, extra_eos: Sequence[int] = ()) -> Tokenizer:
+def _wrap(hf, extra_eos: Sequence[int] = (), add_bos: str = "auto") -> Tokenizer:
   eos = [hf.eos_token_id] if hf.eos_token_id is not None else []
   eos += [i for i in extra_eos if i not in eos]
   if not eos:
     raise ValueError("tokenizer defines no EOS token")
+  # No pad token: pad = EOS, as the authors do (bbartoldson/TBA tba_gsm8k.py L58-59).
   pad = hf.pad_token_id if hf.pad_token_id is not None else eos[0]
-  return Tokenizer(hf=hf, eos_ids=tuple(eos), pad_id=pad)
+  return Tokenizer(hf=hf, eos_ids=tuple(eos), pad_id=pad, add_bos=add_bos)
 
 
 def _chat_end_ids(hf) -> list[int]:
@@ -80,18 +116,23 @@ def _chat_end_ids(hf) -> list[int]:
   return [vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>") if t in vocab]
 
 
-def from_pretrained(path_or_repo_id: str) -> Tokenizer:
+def from_pretrained(path_or_repo_id: str, add_bos: str = "auto") -> Tokenizer:
   """transformers.AutoTokenizer from a local directory or a hub id."""
   import transformers
   try:
     hf = transformers.AutoTokenizer.from_pretrained(path_or_repo_id)
   except OSError as e:
     raise OSError(f"could not load a tokenizer from {path_or_repo_id!r}: {e}") from None
-  return _wrap(hf, _chat_end_ids(hf))
+  return _wrap(hf, _chat_end_ids(hf), add_bos)
 
 
-def from_gguf(path: str) -> Tokenizer:
-  """The byte-level BPE tokenizer (e.g. SmolLM2's) described by a GGUF file's metadata."""
+def from_gguf(path: str, add_bos: str = "auto") -> Tokenizer:
+  """The byte-level BPE tokenizer (e.g. SmolLM2's) described by a GGUF file's metadata.
+
+  Its default special tokens follow the file's `tokenizer.ggml.add_bos_token` /
+  `add_eos_token` flags (absent = False for this tokenizer model), as
+  transformers' own GGUF loading does; SmolLM2's file says False.
+  """
   import transformers
   from tokenizers import Regex, Tokenizer as RawTokenizer, decoders, models, pre_tokenizers
 
@@ -122,14 +163,16 @@ def from_gguf(path: str) -> Tokenizer:
       tokenizer_object=raw, bos_token=name("tokenizer.ggml.bos_token_id"),
       eos_token=name("tokenizer.ggml.eos_token_id"), unk_token=name("tokenizer.ggml.unknown_token_id"),
       pad_token=name("tokenizer.ggml.padding_token_id"), additional_special_tokens=specials,
-      chat_template=field("tokenizer.chat_template"))
-  return _wrap(hf, _chat_end_ids(hf))
+      chat_template=field("tokenizer.chat_template"),
+      add_bos_token=bool(field("tokenizer.ggml.add_bos_token", False)),
+      add_eos_token=bool(field("tokenizer.ggml.add_eos_token", False)))
+  return _wrap(hf, _chat_end_ids(hf), add_bos)
 
 
 BYTE_SPECIALS = ("<pad>", "<eos>", "<bos>", "<|im_start|>", "<|im_end|>")
 
 
-def byte_tokenizer() -> Tokenizer:
+def byte_tokenizer(add_bos: str = "auto") -> Tokenizer:
   """A tiny real tokenizer for tests and the `tiny` config: 256 bytes + 5 specials.
 
   Ids 0-4 are the specials (pad, eos, bos, im_start, im_end); ids 5.. are bytes.
@@ -147,13 +190,13 @@ def byte_tokenizer() -> Tokenizer:
   hf = transformers.PreTrainedTokenizerFast(
       tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
       additional_special_tokens=["<|im_start|>", "<|im_end|>"], chat_template=template)
-  return _wrap(hf, _chat_end_ids(hf))
+  return _wrap(hf, _chat_end_ids(hf), add_bos)
 
 
-def load(path: str) -> Tokenizer:
+def load(path: str, add_bos: str = "auto") -> Tokenizer:
   """A tokenizer for a model path: GGUF metadata, a HF directory / hub id, or "bytes"."""
   if path == "bytes":
-    return byte_tokenizer()
+    return byte_tokenizer(add_bos)
   if path.endswith(".gguf") and os.path.exists(path):
-    return from_gguf(path)
-  return from_pretrained(path)
+    return from_gguf(path, add_bos)
+  return from_pretrained(path, add_bos)

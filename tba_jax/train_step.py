@@ -12,12 +12,21 @@ argument of `make_update`):
 - float32 master weights: float32 params, compute_dtype="bfloat16". The loss
   casts the params to bfloat16 inside the program, so the forward/backward run
   in bfloat16 while gradients flow back through the cast as float32; AdamW
-  moments and the weight update are float32 (the paper's bf16 training).
-- bfloat16 params: params stored in bfloat16, compute bfloat16. Moments and the
-  update math are still float32, but each new weight is rounded to bfloat16, so
-  updates below half a bfloat16 ulp of a weight (2^-9 relative) are lost; at
-  lr 1e-5 that is most of them. Half the weight memory, for smoke tests and
-  throughput, not for faithful training.
+  moments and the weight update are float32 (configs/gsm8k.py:rho1b_stable).
+- bfloat16 params: params stored in bfloat16, compute bfloat16. With
+  make_optimizer's default the moments and the update math are float32, and
+  each new weight is rounded to bfloat16 once. With moments_dtype="bfloat16"
+  the update is torch.optim.AdamW's on bfloat16 tensors, which is what the
+  authors train with (bf16 model, torch AdamW, no master copy): moments stored
+  in bfloat16 and every step of the arithmetic rounded to it (`adamw_rounded`;
+  configs/gsm8k.py:rho1b). Either way an update below half a bfloat16 ulp of a
+  weight (2^-9 to 2^-8 of its magnitude) is lost: Adam's steps are rarely above
+  the lr, so at lr 1e-5 a weight larger than about 4e-3 rarely moves.
+
+Learning-rate schedules are functions of the 1-based update index u, as the
+beta schedules: the authors step their scheduler before each update
+(tba_trainer_gsm8k.py L665), so update u uses lr(u) and the first update of a
+warmup already moves (optax counts from 0; make_optimizer shifts by one).
 
 Loss functions share one signature (`LossFn`) so the same update trains with
 TB (`tb_loss`) or the baselines (`rloo_loss`, `grpo_loss`); their switches are
@@ -26,7 +35,7 @@ keyword-only, bound with functools.partial.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,7 +73,7 @@ class TrainBatch:
 @dataclasses.dataclass
 class TrainState:
   params: Params             # FSDP-sharded, float32 (master) or bfloat16
-  opt_state: optax.OptState  # float32 moments, sharded like params
+  opt_state: optax.OptState  # moments (float32, or bfloat16 with adamw_rounded), sharded like params
   step: jax.Array            # int32 scalar: updates taken so far
 
 
@@ -96,9 +105,10 @@ def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
 
 def rloo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
               ratio_clip: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """REINFORCE leave-one-out baseline on sequence sums (losses.rloo)."""
+  """REINFORCE leave-one-out on sequence sums; Proximal RLOO with ratio_clip (losses.rloo)."""
   loss, aux = _sequence_loss(losses.rloo, token_logprobs, batch, beta, ratio_clip)
-  return loss, {"kl": aux.kl, "advantage_abs_mean": jnp.mean(jnp.abs(aux.advantages))}
+  return loss, {"kl": aux.kl, "advantage_abs_mean": jnp.mean(jnp.abs(aux.advantages)),
+                "clip_fraction": aux.clip_fraction}
 
 
 def grpo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
@@ -110,17 +120,15 @@ def grpo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
 
 
 # ---------------------------------------------------------------------------
-# Optimizer and learning-rate schedules (optax counts updates from 0).
+# Optimizer and learning-rate schedules (functions of the 1-based update u).
 # ---------------------------------------------------------------------------
 def warmup_stable_decay(peak_lr: float, warmup_steps: int, stable_steps: int,
                         decay_steps: int, final_lr: float = 0.0) -> optax.Schedule:
-  """Linear warmup from 0, constant, cosine decay to final_lr, then final_lr.
+  """lr(u): linear warmup u / warmup, constant, cosine decay to final_lr, then final_lr.
 
-  Phase LENGTHS, as in transformers' get_wsd_schedule, which the authors' code
-  uses (num_stable_steps / num_decay_steps). The spec's GSM8K "50 / 350 / 600
-  cosine, 700 steps" read as lengths is (50, 350, 600), so the decay would be
-  cut off at its midpoint at step 700; read as boundaries it is (50, 300, 250).
-  The config picks; this function takes lengths.
+  transformers' get_wsd_schedule (linear warmup, cosine decay), which the authors
+  use, with phase LENGTHS (num_stable_steps / num_decay_steps): GSM8K's 50 / 350 /
+  600 over 700 steps cuts the decay off at its midpoint (lr 5e-6 at the end).
   """
   return optax.join_schedules(
       [optax.linear_schedule(0.0, peak_lr, warmup_steps),
@@ -131,7 +139,7 @@ def warmup_stable_decay(peak_lr: float, warmup_steps: int, stable_steps: int,
 
 def warmup_linear(peak_lr: float, warmup_steps: int, total_steps: int,
                   final_lr: float = 0.0) -> optax.Schedule:
-  """Linear warmup from 0, then linear decay to final_lr at total_steps."""
+  """lr(u): linear warmup u / warmup, then linear decay to final_lr at total_steps."""
   return optax.join_schedules(
       [optax.linear_schedule(0.0, peak_lr, warmup_steps),
        optax.linear_schedule(peak_lr, final_lr, max(total_steps - warmup_steps, 1))],
@@ -140,20 +148,83 @@ def warmup_linear(peak_lr: float, warmup_steps: int, total_steps: int,
 
 def warmup_cosine(peak_lr: float, warmup_steps: int, total_steps: int,
                   final_lr: float = 0.0) -> optax.Schedule:
-  """Linear warmup from 0, then cosine decay to final_lr at total_steps."""
+  """lr(u): linear warmup u / warmup, then cosine decay to final_lr at total_steps."""
   return optax.warmup_cosine_decay_schedule(0.0, peak_lr, warmup_steps,
                                             max(total_steps, warmup_steps + 1), final_lr)
 
 
 def make_optimizer(learning_rate: optax.ScalarOrSchedule, weight_decay: float,
                    max_grad_norm: float | None, b1: float = 0.9, b2: float = 0.999,
-                   eps: float = 1e-8) -> optax.GradientTransformation:
+                   eps: float = 1e-8, moments_dtype: str = "float32"
+                   ) -> optax.GradientTransformation:
   """AdamW (decoupled decay on every parameter, as torch.optim.AdamW), with
-  optional clipping of the global gradient norm first."""
-  adamw = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+  optional clipping of the global gradient norm first.
+
+  `learning_rate`: a constant or lr(u) of the 1-based update u (update u uses
+  lr(u)). moments_dtype="bfloat16": `adamw_rounded`, torch's arithmetic on
+  bfloat16 tensors (module docstring); "float32": optax.adamw.
+  """
+  lr = (lambda count: learning_rate(count + 1)) if callable(learning_rate) else learning_rate
+  if moments_dtype == "float32":
+    adamw = optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+  elif moments_dtype == "bfloat16":
+    adamw = adamw_rounded(lr, b1, b2, eps, weight_decay, jnp.bfloat16)
+  else:
+    raise ValueError(f"moments_dtype={moments_dtype!r}; expected 'float32' or 'bfloat16'")
   if max_grad_norm is None:
     return adamw
   return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)
+
+
+class RoundedAdamState(NamedTuple):
+  count: jax.Array  # int32 updates taken
+  mu: Params        # first moments, in the rounding dtype
+  nu: Params        # second moments, in the rounding dtype
+
+
+def adamw_rounded(learning_rate: optax.ScalarOrSchedule, b1: float, b2: float, eps: float,
+                  weight_decay: float, dtype) -> optax.GradientTransformation:
+  """torch.optim.AdamW's step on `dtype` (bfloat16) tensors, op for op.
+
+  torch (single-tensor and foreach paths alike) computes each in-place op in
+  float32 and rounds its result to the tensor dtype: exp_avg.lerp_(g, 1 - b1);
+  exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2); denom = (exp_avg_sq.sqrt() /
+  sqrt(1 - b2^t)).add_(eps); param.addcdiv_(exp_avg, denom, -lr / (1 - b1^t)).
+  The updates returned are float32 (-step * m / denom) so that the caller's
+  `apply_updates` rounds the new weight once, as addcdiv_ does. Decoupled weight
+  decay is subtracted in the same update (torch multiplies the weight by
+  1 - lr * wd first, one more rounding; identical for wd = 0, the authors').
+  """
+  f32 = lambda x: x.astype(jnp.float32)
+  rnd = lambda x: x.astype(dtype)
+
+  def init(params):
+    zeros = lambda p: jnp.zeros(p.shape, dtype)
+    return RoundedAdamState(jnp.zeros((), jnp.int32), jax.tree.map(zeros, params),
+                            jax.tree.map(zeros, params))
+
+  def update(grads, state, params):
+    lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
+    t = (state.count + 1).astype(jnp.float32)
+    mu = jax.tree.map(lambda m, g: rnd(f32(m) + (1 - b1) * (f32(g) - f32(m))), state.mu, grads)
+    nu = jax.tree.map(lambda v: rnd(f32(v) * b2), state.nu)
+    nu = jax.tree.map(lambda v, g: rnd(f32(v) + (1 - b2) * f32(g) * f32(g)), nu, grads)
+    step = lr / (1 - b1 ** t)
+    bc2_sqrt = jnp.sqrt(1 - b2 ** t)
+
+    def one(m, v, p):
+      denom = rnd(f32(rnd(f32(rnd(jnp.sqrt(f32(v)))) / bc2_sqrt)) + eps)
+      return -step * f32(m) / f32(denom) - lr * weight_decay * f32(p)
+
+    updates = jax.tree.map(one, mu, nu, params)
+    return updates, RoundedAdamState(state.count + 1, mu, nu)
+
+  return optax.GradientTransformation(init, update)
+
+
+def apply_updates(params: Params, updates: Params) -> Params:
+  """New weights: float32 arithmetic, rounded once to each param's dtype."""
+  return jax.tree.map(lambda p, u: (p.astype(jnp.float32) + u).astype(p.dtype), params, updates)
 
 
 # ---------------------------------------------------------------------------
@@ -187,8 +258,8 @@ def init_state(params: Params, optimizer: optax.GradientTransformation,
   """A fresh TrainState on `shardings` (from state_shardings); step 0.
 
   The params are copied, so the caller's arrays survive the donation of the
-  state by the first update. Optimizer moments are float32 even for bfloat16
-  params (module docstring).
+  state by the first update. The optimizer decides its moments' dtype (float32
+  even for bfloat16 params, unless it is adamw_rounded; module docstring).
   """
   params = jax.device_put(params, shardings.params)
 
@@ -242,7 +313,8 @@ def _group_sorted_microbatches(batch: TrainBatch, num_microbatches: int,
 def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformation,
                 loss_fn: LossFn, beta_schedule: BetaSchedule, mesh: Mesh, *,
                 temperature: float, compute_dtype: str = "float32",
-                num_microbatches: int = 1, remat: bool = False
+                num_microbatches: int = 1, remat: bool = False,
+                lr_schedule: optax.ScalarOrSchedule | None = None
                 ) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict[str, jax.Array]]]:
   """The jitted `update(state, batch) -> (state, metrics)` on the trainer `mesh`.
 
@@ -254,8 +326,9 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
   micro-batches, which equals the big-batch gradient because every loss here
   is a mean over sequences. Compiles once per batch shape.
 
-  metrics (replicated scalars): loss, grad_norm (before clipping), beta,
-  reward_mean, num_tokens (real prompt + completion tokens: tokens/s is
+  metrics (replicated scalars): loss, grad_norm (before clipping), beta, lr
+  (with `lr_schedule`, the learning rate given to make_optimizer: the one this
+  update applies, lr(u) of u = step + 1), reward_mean, num_tokens (real prompt + completion tokens: tokens/s is
   num_tokens over the caller's wall time of the step), completion_tokens, and
   the loss function's own (TB: log_z_mean, kl, ratio_weight_mean).
   """
@@ -292,12 +365,10 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
       grads = jax.tree.map(lambda g: g / num_microbatches, grad_sum)
       loss, aux = jnp.mean(loss), jax.tree.map(jnp.mean, aux)
 
-    # Optimizer math in float32 whatever the params dtype; bfloat16 params are
-    # rounded once, when the new weights are stored.
-    params32 = _float32(state.params)
-    updates, opt_state = optimizer.update(grads, state.opt_state, params32)
-    params = jax.tree.map(lambda p, p32, u: (p32 + u).astype(p.dtype),
-                          state.params, params32, updates)
+    # The optimizer sees float32 params and gradients (bfloat16 ones convert exactly);
+    # bfloat16 params are rounded once, when the new weights are stored.
+    updates, opt_state = optimizer.update(grads, state.opt_state, _float32(state.params))
+    params = apply_updates(state.params, updates)
     metrics = {
         "loss": loss, "grad_norm": optax.global_norm(grads), "beta": beta,
         "reward_mean": jnp.mean(batch.rewards),
@@ -305,6 +376,9 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
         "completion_tokens": jnp.sum(batch.completion_mask),
         **aux,
     }
+    if lr_schedule is not None:
+      lr = lr_schedule(state.step + 1) if callable(lr_schedule) else lr_schedule
+      metrics["lr"] = jnp.asarray(lr, jnp.float32)
     return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
   return jax.jit(update, in_shardings=(state_sh, batch_shardings(mesh)),

@@ -10,27 +10,44 @@ Across hosts the trainer's parameters are global arrays spanning every host.
 They are first gathered to a replicated layout inside a jitted program on the
 trainer mesh (every process runs it); each process then copies its local
 replica onto its own searcher devices.
+
+Every program here is jitted once (module level, or cached per (dtype, mesh)):
+a sync compiles nothing after the first one.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from tba_jax.model import Params
 
 
-def _cast(params: Params, dtype: str | None) -> Params:
-  if dtype is None:
-    return params
+@functools.partial(jax.jit, static_argnames="dtype")
+def _cast(params: Params, dtype: str) -> Params:
   return jax.tree.map(lambda x: x.astype(dtype), params)
 
 
-def _gather_and_cast(params: Params, dtype: str | None, trainer_mesh) -> Params:
+@functools.partial(jax.jit, static_argnames="dtype")
+def snapshot(params: Params, dtype: str) -> Params:
+  """A copy of `params` in `dtype` on their own devices and shardings (e.g. the
+  reference a reset takes from the trainer: the trainer's state is donated, so a
+  real copy, never an alias)."""
+  return jax.tree.map(lambda x: jnp.copy(x.astype(dtype)), params)
+
+
+@functools.lru_cache(maxsize=None)
+def _gather_and_cast_fn(dtype: str | None, trainer_mesh):
   replicated = jax.sharding.NamedSharding(trainer_mesh, jax.sharding.PartitionSpec())
-  out = jax.tree.map(lambda _: replicated, params)
-  return jax.jit(lambda p: _cast(p, dtype), out_shardings=out)(params)
+  cast = lambda x: x if dtype is None else x.astype(dtype)
+  return jax.jit(lambda p: jax.tree.map(cast, p), out_shardings=replicated)
+
+
+def _gather_and_cast(params: Params, dtype: str | None, trainer_mesh) -> Params:
+  return _gather_and_cast_fn(dtype, trainer_mesh)(params)
 
 
 def publish(params: Params, searcher_shardings, *, dtype: str | None = None,
@@ -45,8 +62,8 @@ def publish(params: Params, searcher_shardings, *, dtype: str | None = None,
     full = _gather_and_cast(params, dtype, trainer_mesh)
     local = jax.tree.map(lambda x: x.addressable_shards[0].data, full)
     return jax.device_put(local, searcher_shardings)
-  if dtype is not None:
-    params = jax.jit(lambda p: _cast(p, dtype))(params)
+  if dtype is not None and any(x.dtype != dtype for x in jax.tree.leaves(params)):
+    params = _cast(params, dtype=dtype)
   # A real copy even when the slices share devices: the trainer donates its state.
   return jax.device_put(params, searcher_shardings, may_alias=False)
 

@@ -12,7 +12,7 @@ from tba_jax import tokenizer as tokenizer_lib
 from tba_jax import weight_sync
 from tba_jax.checkpoint import ConfigMismatchError
 from tba_jax.metrics import read_jsonl
-from tba_jax.model import ModelConfig, init_params
+from tba_jax.model import KVCache, ModelConfig, init_params
 from tba_jax.sampler import Sampler
 from tba_jax.searcher import PromptStream, Searcher
 from tba_jax.tasks import Task
@@ -305,3 +305,68 @@ def test_the_export_holds_the_tokenizer_and_generate_stops_at_its_eos_ids(tmp_pa
   prompt = torch.tensor([tok.encode("1+2=")])
   out = model.generate(prompt, max_new_tokens=8, do_sample=False)
   assert out[0, prompt.shape[1]:].tolist() == [end_of_turn]  # stopped at the first EOS id
+def test_one_device_alternate_mode_trains_on_the_latest_sync_with_probability_m(tmp_path):
+  # The m rule in alternate mode: a round searches k x B x m prompts, so k steps find
+  # fresh prompts (before: one round of B prompts per window gave ~0.5 here). Also: the
+  # logged lr is the one update u applies, lr(u) > 0 from the first warmup step.
+  c = tiny_config(num_train_steps=12, mesh=dict(num_devices=1),
+                  sync=dict(mode="alternate", every=2),
+                  buffer=dict(num_prompts=4, samples_per_prompt=4, m=0.95, prefill=8),
+                  sampler=dict(num_samples_per_prompt=4, num_prompts_per_batch=2),
+                  optim=dict(schedule="wsd", warmup_steps=4, stable_steps=100, decay_steps=100))
+  loop.run(c, str(tmp_path), task=toy_task(c))
+  rows = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "reward_mean" in r]
+  assert len(rows) == 12
+  assert np.mean([r["fraction_from_latest"] for r in rows]) >= 0.9
+  lr = c.optim.learning_rate
+  assert [r["lr"] for r in rows[:5]] == pytest.approx([lr / 4, lr / 2, 3 * lr / 4, lr, lr])
+
+
+def test_searchers_sample_in_the_model_dtype_under_float32_master_weights(tmp_path, monkeypatch):
+  seen = {"configs": [], "params": set()}
+
+  class Recording(Sampler):
+    def __init__(self, model_config, **kw):
+      seen["configs"].append(model_config)
+      super().__init__(model_config, **kw)
+
+    def __call__(self, params, prompts, key):
+      seen["params"] |= {x.dtype for x in jax.tree.leaves(params)}
+      return super().__call__(params, prompts, key)
+
+  monkeypatch.setattr(loop, "Sampler", Recording)
+  c = tiny_config(num_train_steps=2, mesh=dict(num_devices=2, num_trainer_devices=1),
+                  sync=dict(mode="alternate"), buffer=dict(prefill=8),
+                  model=dict(dtype="bfloat16"), optim=dict(master_weights_fp32=True))
+  loop.run(c, str(tmp_path), task=toy_task(c))
+  assert seen["configs"] and {cfg.dtype for cfg in seen["configs"]} == {"bfloat16"}
+  assert seen["params"] == {jax.numpy.dtype("bfloat16")}
+  # ... so the KV cache a searcher allocates is bfloat16, not the master weights' float32.
+  assert KVCache.init(seen["configs"][0], 1, 8).k.dtype == jax.numpy.bfloat16
+
+
+def test_resume_restores_the_reference_in_use_after_a_reset(tmp_path, monkeypatch):
+  references = []
+  original = Searcher.set_reference
+
+  def recording(self, params):
+    references.append(jax.tree.map(np.asarray, params))
+    original(self, params)
+
+  monkeypatch.setattr(Searcher, "set_reference", recording)
+  # A reset at step 2, the checkpoint at step 3: the reference in use is neither the
+  # initial model nor the checkpointed policy.
+  c = tiny_config(num_train_steps=3, mesh=dict(num_devices=1), buffer=dict(prefill=8),
+                  loss=dict(ref_reset_every=2), optim=dict(learning_rate=1e-2))
+  loop.run(c, str(tmp_path), task=toy_task(c))
+  assert len(references) == 1  # the reset at step 2
+  in_use = references[0]
+  longer = tiny_config(num_train_steps=4, mesh=dict(num_devices=1), buffer=dict(prefill=8),
+                       loss=dict(ref_reset_every=2), optim=dict(learning_rate=1e-2))
+  assert loop.run(longer, str(tmp_path), task=toy_task(longer))["step"] == 4
+  assert len(references) == 3  # set on resume, then the reset at step 4
+  for a, b in zip(jax.tree.leaves(references[1]), jax.tree.leaves(in_use)):
+    np.testing.assert_array_equal(a, b)
+  initial = init_params(ModelConfig(**c.model.random.to_dict()), c.seed)
+  assert max(float(np.abs(a - np.asarray(b)).max()) for a, b in
+             zip(jax.tree.leaves(in_use), jax.tree.leaves(initial))) > 1e-4

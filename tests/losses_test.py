@@ -169,38 +169,69 @@ def test_token_and_sequence_logprobs_are_tempered_log_softmax():
                              (want * mask).sum(-1), rtol=1e-5, atol=1e-5)
 
 
-def np_rloo(policy, ref, rewards, ids, beta, weights):
-  shaped = rewards - beta * (policy.astype(np.float64) - ref)
+def np_rloo_advantages(sampler, ref, rewards, ids, beta):
+  shaped = rewards - beta * (sampler.astype(np.float64) - ref)
   adv = np.zeros_like(shaped)
   for i, g in enumerate(ids):
     others = [j for j in range(len(ids)) if ids[j] == g and j != i]
     adv[i] = shaped[i] - shaped[others].mean() if others else 0.0
-  return -np.mean(weights * adv * policy), adv
+  return adv
 
 
-@pytest.mark.parametrize("ratio_clip", [None, 1.5])
-def test_rloo_matches_numpy(ratio_clip):
+def test_rloo_matches_numpy():
   policy, ref, behaviour, rewards, ids = random_inputs(8)
   beta = 0.05
-  w = (np.ones(len(ids)) if ratio_clip is None
-       else np.minimum(np.exp(policy.astype(np.float64) - behaviour), ratio_clip))
-  want, adv = np_rloo(policy, ref, rewards, ids, beta, w)
-  fn = lambda p: losses.rloo(p, ref, rewards, ids, beta, behaviour_logprobs=behaviour,
-                             ratio_clip=ratio_clip)
+  # The shaped reward uses the sampling policy's log-probs (fixed when sampled).
+  adv = np_rloo_advantages(behaviour, ref, rewards, ids, beta)
+  fn = lambda p: losses.rloo(p, ref, rewards, ids, beta, behaviour_logprobs=behaviour)
   loss, aux = fn(policy)
   np.testing.assert_allclose(aux.advantages, adv, rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(loss, want, rtol=1e-4)
+  np.testing.assert_allclose(loss, -np.mean(adv * policy), rtol=1e-4)
   assert float(aux.advantages[ids == -4][0]) == 0.0  # singleton: no baseline
-  # REINFORCE: the gradient w.r.t. log pi is -(w A) / N, advantages held fixed.
-  np.testing.assert_allclose(jax.grad(lambda p: fn(p)[0])(policy), -w * adv / len(ids),
+  # REINFORCE: the gradient w.r.t. log pi is -A / N, advantages held fixed.
+  np.testing.assert_allclose(jax.grad(lambda p: fn(p)[0])(policy), -adv / len(ids),
                              rtol=1e-4, atol=1e-6)
+  # No behaviour log-probs: shaped with the current policy, detached.
+  _, aux = losses.rloo(policy, ref, rewards, ids, beta)
+  np.testing.assert_allclose(aux.advantages, np_rloo_advantages(policy, ref, rewards, ids, beta),
+                             rtol=1e-4, atol=1e-5)
+
+
+def test_proximal_rloo_matches_numpy_ppo_clip_on_the_sequence_ratio():
+  """The paper's Eq. 6: rho_j A_j grad log pi where PPO's clip is inactive, 0 where active."""
+  policy, ref, _, rewards, ids = random_inputs(10)
+  rng = np.random.default_rng(10)
+  behaviour = (policy + rng.normal(0, 0.3, len(ids))).astype(np.float32)  # rho in and out
+  beta, eps = 0.05, 0.2
+  adv = np_rloo_advantages(behaviour, ref, rewards, ids, beta)
+  rho = np.exp(policy.astype(np.float64) - behaviour)
+  unclipped, clipped = rho * adv, np.clip(rho, 1 - eps, 1 + eps) * adv
+  want_loss = -np.mean(np.minimum(unclipped, clipped))
+  active = unclipped <= clipped  # the min takes the unclipped term: gradient flows
+  want_grad = -np.where(active, rho * adv, 0.0) / len(ids)
+  fn = lambda p: losses.rloo(p, ref, rewards, ids, beta, behaviour_logprobs=behaviour,
+                             ratio_clip=eps)
+  loss, aux = jax.jit(fn)(policy)
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(aux.ratios, rho, rtol=1e-4)
+  np.testing.assert_allclose(jax.grad(lambda p: fn(p)[0])(policy), want_grad, rtol=1e-4,
+                             atol=1e-7)
+  np.testing.assert_allclose(aux.clip_fraction, np.mean(clipped < unclipped), rtol=1e-6)
+  assert 0 < float(aux.clip_fraction) < 1  # both cases occur in this batch
+  # On-policy (rho = 1) it is plain RLOO.
+  on = lambda p: losses.rloo(p, ref, rewards, ids, beta, behaviour_logprobs=policy,
+                             ratio_clip=eps)[0]
+  plain = lambda p: losses.rloo(p, ref, rewards, ids, beta, behaviour_logprobs=policy)[0]
+  np.testing.assert_allclose(jax.grad(on)(policy), jax.grad(plain)(policy), rtol=1e-5, atol=1e-8)
 
 
 def np_grpo(lp, behaviour, ref, mask, rewards, ids, beta, clip_eps, std_eps=1e-4):
   lp = lp.astype(np.float64)
   mean = np_group_mean(rewards, ids)
-  std = np.sqrt(np_group_mean((rewards - mean) ** 2, ids))
-  adv = ((rewards - mean) / (std + std_eps))[:, None]
+  # TRL's GRPOTrainer: the sample std of the group (torch.std / nanstd, Bessel's n - 1).
+  std = np.array([np.std(rewards[ids == g], ddof=1) if (ids == g).sum() > 1 else np.nan
+                  for g in ids])
+  adv = np.where(np.isnan(std), 0.0, (rewards - mean) / (std + std_eps))[:, None]
   ratio = np.exp(lp - behaviour)
   surrogate = np.minimum(ratio * adv, np.clip(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
   kl = np.exp(ref - lp) - (ref - lp) - 1

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from tba_jax.metrics import MetricsWriter, read_jsonl
+from tba_jax.metrics import LatestFractionWatch, MetricsWriter, read_jsonl
 
 
 def _write(path, rows):
@@ -94,3 +94,13 @@ def test_tensorboard_tags_are_the_metrics_keys_and_staleness_is_a_histogram(tmp_
   assert (hist.min, hist.max, hist.sum, hist.sum_squares) == (0, 3, 13, 29)
   assert list(hist.bucket_limit) == [0.5, 1.5, 2.5, 3.5]
 
+
+def test_latest_fraction_watch_warns_once_per_window_when_well_below_m():
+  watch = LatestFractionWatch(0.95, window=10, margin=0.1)
+  # At m on average (noisy): never.
+  assert not any(watch(step, 1.0 if step % 10 else 0.5) for step in range(1, 101))
+  low = [watch(step, 0.5) for step in range(101, 131)]
+  warned = [101 + i for i, w in enumerate(low) if w]
+  # As soon as the last 10 steps average below 0.85 (step 103: 0.80), then once per 10 steps.
+  assert warned == [103, 113, 123], warned
+  assert "only 0.80" in low[2] and "m = 0.95" in low[2]

@@ -157,7 +157,8 @@ def test_fraction_of_slots_from_the_latest_sync_follows_m(m):
   assert binomial_ok(latest, slots, m), (latest, slots, m)
 
 
-def test_latest_prompts_are_taken_without_replacement_then_fall_back():
+@pytest.mark.parametrize("reuse", [True, False])
+def test_latest_prompts_are_taken_without_replacement_then_reused_or_fall_back(reuse):
   buf = ReplayBuffer(seed=2)
   for pid in range(10):
     fill(buf, pid, 3)
@@ -165,30 +166,57 @@ def test_latest_prompts_are_taken_without_replacement_then_fall_back():
   for pid in (20, 21, 22, 23, 24):
     fill(buf, pid, 6, version=1)
   assert buf.mark_sync() == 5
-  served = []
-  _, info = buf.sample(3, 2, 1.0, **SIZES)
-  served += info["prompt_ids"][info["from_latest"]].tolist()
+  sample = lambda n: buf.sample(n, 2, 1.0, reuse_latest=reuse, **SIZES)[1]
+  info = sample(3)
+  served = info["prompt_ids"].tolist()
   assert info["num_from_latest"] == 3 and info["num_latest_left"] == 2
-  _, info = buf.sample(3, 2, 1.0, **SIZES)
-  served += info["prompt_ids"][info["from_latest"]].tolist()
-  assert info["num_from_latest"] == 2 and info["num_latest_fallback"] == 1
-  assert sorted(served) == [20, 21, 22, 23, 24]  # each latest prompt exactly once
-  _, info = buf.sample(3, 2, 1.0, **SIZES)
-  assert info["num_from_latest"] == 0 and info["num_latest_fallback"] == 3
+  info = sample(3)
+  served += info["prompt_ids"][:2].tolist()
+  assert sorted(served) == [20, 21, 22, 23, 24]  # each latest prompt once in the first pass
+  if reuse:  # the authors' sample_cid: a second pass over the prompts already drawn
+    assert info["num_from_latest"] == 3 and info["num_latest_fallback"] == 0
+    assert info["prompt_ids"][2] in served[:3] and len(set(info["prompt_ids"])) == 3
+  else:
+    assert info["num_from_latest"] == 2 and info["num_latest_fallback"] == 1
+    assert info["prompt_ids"][2] < 10
+  info = sample(3)
+  assert info["num_from_latest"] == (3 if reuse else 0)
+  assert info["num_latest_fallback"] == (0 if reuse else 3)
+  assert set(info["prompt_ids"][info["from_latest"]]) <= {20, 21, 22, 23, 24}
   fill(buf, 3, 1, start=50)  # a new window: only prompt 3 was refreshed
   assert buf.mark_sync() == 1
-  _, info = buf.sample(2, 2, 1.0, **SIZES)
+  info = sample(2)  # one latest prompt: a batch holds it once, the other slot falls back
   assert info["from_latest"].tolist() == [True, False] and info["prompt_ids"][0] == 3
+  assert info["num_latest_fallback"] == 1
 
 
-def test_latest_branch_takes_the_k_newest_entries():
+def test_latest_branch_draws_k_uniformly_from_the_newest_generation():
+  """The authors' CommentBuffer.get_batch: K at random among the n_online newest items,
+  with replacement only when fewer than K exist; never older entries."""
+  k, trials = 4, 1500
   buf = ReplayBuffer(seed=3)
-  fill(buf, 0, 10)
+  fill(buf, 0, 10, version=0, start=10)  # an older generation: tokens 10..19
+  fill(buf, 0, 8, version=2, start=30)   # the newest: tokens 30..37
   buf.mark_sync()
-  batch, info = buf.sample(1, 4, 1.0, **SIZES)
-  newest = [e.completion[0] for e in buf.entries(0)][-4:]
-  np.testing.assert_array_equal(batch.tokens[:, SIZES["max_prompt_len"]], newest)
-  assert info["from_latest"][0] and not info["with_replacement"][0]
+  counts = np.zeros(8)
+  for _ in range(trials):
+    batch, info = buf.sample(1, k, 1.0, **SIZES)
+    drawn = batch.tokens[:, SIZES["max_prompt_len"]]
+    assert info["from_latest"][0] and not info["with_replacement"][0]
+    assert np.all(drawn >= 30) and len(set(drawn.tolist())) == k  # newest only, no repeats
+    assert np.all(batch.versions == 2)
+    np.add.at(counts, drawn - 30, 1)
+  # Uniform inclusion: each of the 8 newest is in a draw with probability K / 8.
+  for c in counts:
+    assert binomial_ok(c, trials, k / 8), counts / trials
+  # Fewer than K unique in the newest generation: all of them, the rest with replacement,
+  # still never the 10 older entries.
+  fill(buf, 0, 3, version=4, start=50)
+  buf.mark_sync()
+  for _ in range(50):
+    batch, info = buf.sample(1, k, 1.0, **SIZES)
+    drawn = batch.tokens[:, SIZES["max_prompt_len"]].tolist()
+    assert info["with_replacement"][0] and set(drawn) == {50, 51, 52} and len(drawn) == k
 
 
 def test_mark_sync_windows_hold_the_prompts_refreshed_between_syncs():
@@ -204,9 +232,11 @@ def test_mark_sync_windows_hold_the_prompts_refreshed_between_syncs():
   assert buf.stats()["num_pending"] == 1 and buf.mark_sync() == 1
   _, info = buf.sample(1, 1, 1.0, **SIZES)
   assert info["prompt_ids"][0] == 3 and info["from_latest"][0]
-  assert buf.mark_sync() == 0  # nothing new: every slot takes the any-prompt branch
+  # Nothing new at this sync (slow searchers): the latest prompts stay the previous ones.
+  assert buf.mark_sync() == 1
   _, info = buf.sample(3, 1, 1.0, **SIZES)
-  assert info["num_latest_fallback"] == 3
+  assert info["prompt_ids"][0] == 3 and info["num_from_latest"] == 1
+  assert info["num_latest_fallback"] == 2  # prompt 3 is in the batch once
 
 
 def test_a_caller_rng_drives_sampling_and_leaves_the_buffer_rng_alone():

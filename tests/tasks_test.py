@@ -17,8 +17,19 @@ DATA = os.path.join(os.path.dirname(__file__), "data")
     ("no number here", None),
     ("", None),
     ("negative result: -17", -17.0),
+    # The paper's pattern (bbartoldson/TBA src/gsm8k_utils.py L10): signs, exponents,
+    # trailing dots; alternatives tried in order, so a decimal with an exponent splits.
+    ("1e3", 1000.0),
+    ("so x = 2e-3", 0.002),
+    ("-.5", -0.5),
+    ("The answer is 3.", 3.0),
+    ("+7", 7.0),
+    ("12-3", -3.0),
+    ("1.5e3", 3.0),
+    ("1E3", 3.0),
+    ("1e+2 and then .5.5", 0.5),
 ])
-def test_extract_answer_takes_the_last_number_without_commas(text, want):
+def test_extract_answer_takes_the_last_match_of_the_papers_pattern(text, want):
   assert gsm8k.extract_answer(text) == want
 
 
@@ -34,6 +45,8 @@ def test_reward_compares_as_floats():
   assert gsm8k.reward("72 clips, wait, 73", 72.0) == 0.0
   assert gsm8k.reward("I don't know", 72.0) == 0.0
   assert gsm8k.reward("The total is 1,080", 1080.0) == 1.0
+  assert gsm8k.reward("1e3 dollars", 1000.0) == 1.0
+  assert gsm8k.reward("she is +7 up", 7.0) == 1.0
 
 
 def test_load_local_jsonl_directory_and_file(tmp_path):

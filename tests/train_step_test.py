@@ -1,6 +1,7 @@
 """The sharded update: gradient identity, accumulation, sharding, learning, compiles."""
 import collections
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -248,14 +249,16 @@ def test_baselines_train_through_the_same_update(tiny_cfg, loss_fn):
 
 
 def test_precision_modes(tiny_cfg):
-  """Master weights stay float32 under bfloat16 compute; bfloat16 params stay
-  bfloat16 with float32 moments; both track the float32 loss."""
+  """Master weights stay float32 under bfloat16 compute; bfloat16 params stay bfloat16 with
+  float32 moments, or bfloat16 moments under adamw_rounded; all track the float32 loss."""
   params = np_params(tiny_cfg, 0)
   batch = make_batch(tiny_cfg, 8, equal_groups(4, 4, seed=8), np_params(tiny_cfg, 1))
   _, [reference] = run(tiny_cfg, params, [batch])  # float32; beta(u=1) = BETA
-  optimizer = ts.make_optimizer(1e-3, weight_decay=0.0, max_grad_norm=None)
   mesh = mesh_of(4)
-  for param_dtype in ("float32", "bfloat16"):
+  for param_dtype, moments in (("float32", "float32"), ("bfloat16", "float32"),
+                               ("bfloat16", "bfloat16")):
+    optimizer = ts.make_optimizer(1e-3, weight_decay=0.0, max_grad_norm=None,
+                                  moments_dtype=moments)
     cfg = tiny_cfg.replace(dtype=param_dtype)
     start = jax.tree.map(lambda x: jnp.asarray(x, cfg.jnp_dtype), params)
     update = ts.make_update(cfg, optimizer, ts.tb_loss, SCHEDULES["constant"], mesh,
@@ -263,21 +266,65 @@ def test_precision_modes(tiny_cfg):
     state = ts.init_state(start, optimizer, ts.state_shardings(cfg, optimizer, mesh))
     state, metrics = update(state, batch)
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(param_dtype)}
-    assert {x.dtype for x in jax.tree.leaves(state.opt_state[0].mu)} == {jnp.dtype("float32")}
+    mu = state.opt_state.mu if moments == "bfloat16" else state.opt_state[0].mu
+    assert {x.dtype for x in jax.tree.leaves(mu)} == {jnp.dtype(moments)}
     assert float(metrics["loss"]) == pytest.approx(reference["loss"], rel=0.05)
     moved = jax.tree.map(lambda a, b: np.mean(np.asarray(a, np.float32) != b), state.params, start)
     assert max(jax.tree.leaves(moved)) > 0.5  # lr 1e-3 is visible even in bfloat16
 
 
+@pytest.mark.parametrize("foreach", [False, True])
+def test_rounded_adamw_is_torch_adamw_on_bfloat16_tensors_bit_for_bit(foreach):
+  """The authors' optimizer: torch AdamW on bf16 params (no master copy), the scheduler
+  stepped before each update; both torch code paths (CUDA uses foreach)."""
+  import torch
+  rng = np.random.default_rng(0)
+  shapes = [(64, 32), (257,)]
+  start = [rng.normal(0, 0.05, s).astype(np.float32) for s in shapes]
+  grads = [[rng.normal(0, 1e-3 * (1 + k), s).astype(np.float32) for s in shapes]
+           for k in range(12)]
+  schedule = ts.warmup_stable_decay(1e-3, warmup_steps=4, stable_steps=3, decay_steps=8)
+  params = [torch.nn.Parameter(torch.tensor(x).to(torch.bfloat16)) for x in start]
+  torch_opt = torch.optim.AdamW(params, lr=1.0, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                                foreach=foreach)
+  torch_lr = torch.optim.lr_scheduler.LambdaLR(torch_opt, lambda u: float(schedule(u)))
+  optimizer = ts.make_optimizer(schedule, 0.0, None, moments_dtype="bfloat16")
+  ours = [jnp.asarray(x, jnp.bfloat16) for x in start]
+  state = optimizer.init(ours)
+
+  @jax.jit
+  def step(ours, state, g):
+    g = [jnp.asarray(x, jnp.bfloat16).astype(jnp.float32) for x in g]  # bf16 gradients
+    updates, state = optimizer.update(g, state, [p.astype(jnp.float32) for p in ours])
+    return ts.apply_updates(ours, updates), state
+
+  for g in grads:
+    with warnings.catch_warnings():  # torch warns about this order; it is the authors'
+      warnings.simplefilter("ignore")
+      torch_lr.step()
+    for p, x in zip(params, g):
+      p.grad = torch.tensor(x).to(torch.bfloat16)
+    torch_opt.step()
+    ours, state = step(ours, state, g)
+  for p, mine, mu, nu, x0 in zip(params, ours, state.mu, state.nu, start):
+    np.testing.assert_array_equal(np.asarray(mine, np.float32), p.detach().float().numpy())
+    np.testing.assert_array_equal(np.asarray(mu, np.float32),
+                                  torch_opt.state[p]["exp_avg"].float().numpy())
+    np.testing.assert_array_equal(np.asarray(nu, np.float32),
+                                  torch_opt.state[p]["exp_avg_sq"].float().numpy())
+    assert np.mean(p.detach().float().numpy() != np.asarray(jnp.asarray(x0, jnp.bfloat16),
+                                                              np.float32)) > 0.9  # they moved
+
+
 def test_learning_rate_schedules():
-  # GSM8K read as phase lengths 50 / 350 / 600 (see warmup_stable_decay).
+  # Functions of the 1-based update u; GSM8K's phase lengths 50 / 350 / 600.
   wsd = ts.warmup_stable_decay(1e-5, warmup_steps=50, stable_steps=350, decay_steps=600)
-  lr = lambda s, count: float(s(count))
-  assert lr(wsd, 0) == 0.0  # optax counts updates from 0: the first update has lr 0
+  lr = lambda s, u: float(s(u))
+  assert lr(wsd, 1) == pytest.approx(0.02e-5)  # update 1 already moves (transformers' u / W)
   assert lr(wsd, 25) == pytest.approx(0.5e-5)
   assert lr(wsd, 50) == pytest.approx(1e-5)
   assert lr(wsd, 399) == pytest.approx(1e-5)
-  assert lr(wsd, 400 + 300) == pytest.approx(0.5e-5)  # cosine midpoint
+  assert lr(wsd, 400 + 300) == pytest.approx(0.5e-5)  # cosine midpoint: the last GSM8K update
   assert lr(wsd, 1000) == pytest.approx(0.0, abs=1e-12)
   assert lr(wsd, 2000) == pytest.approx(0.0, abs=1e-12)
   linear = ts.warmup_linear(1.0, warmup_steps=10, total_steps=110, final_lr=0.1)
@@ -285,3 +332,26 @@ def test_learning_rate_schedules():
       [0.0, 0.5, 1.0, 0.55, 0.1, 0.1])
   cosine = ts.warmup_cosine(1.0, warmup_steps=10, total_steps=110)
   assert [lr(cosine, c) for c in (0, 10, 60, 110)] == pytest.approx([0.0, 1.0, 0.5, 0.0], abs=1e-6)
+
+
+def test_update_u_applies_and_reports_lr_of_u(tiny_cfg):
+  """The authors step the scheduler before each update: update 1 of a warmup uses lr(1) > 0,
+  and the reported lr is the one applied (Adam's first step moves each weight by ~lr)."""
+  params = np_params(tiny_cfg, 0)
+  schedule = ts.warmup_stable_decay(1e-3, warmup_steps=4, stable_steps=10, decay_steps=10)
+  optimizer = ts.make_optimizer(schedule, 0.0, None)
+  mesh = mesh_of(1)
+  update = ts.make_update(tiny_cfg, optimizer, ts.tb_loss, SCHEDULES["constant"], mesh,
+                          temperature=TEMPERATURE, lr_schedule=schedule)
+  state = ts.init_state(params, optimizer, ts.state_shardings(tiny_cfg, optimizer, mesh))
+  batch = make_batch(tiny_cfg, 9, equal_groups(4, 4, seed=9), np_params(tiny_cfg, 1))
+  reported = []
+  for u in (1, 2):
+    before = jax.tree.map(np.asarray, state.params)
+    state, metrics = update(state, batch)
+    reported.append(float(metrics["lr"]))
+    if u == 1:  # m = g, v = g^2 after bias correction: |step| = lr |g| / (|g| + eps) ~ lr
+      moved = max(float(np.max(np.abs(np.asarray(a, np.float64) - b)))
+                  for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(before)))
+      assert moved == pytest.approx(reported[0], rel=1e-3)
+  assert reported == pytest.approx([0.25e-3, 0.5e-3])

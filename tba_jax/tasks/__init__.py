@@ -20,3 +20,6 @@ class Task:
   test: Sequence[Problem]
   prompt: Callable[[Problem], str]  # the text the model continues
   reward: Callable[[str, float], float]  # (completion text, gold answer) -> reward
+  # True: prompt texts are rendered by the tokenizer's chat template and carry its special
+  # tokens, so tokenizing them adds none (Tokenizer.encode_prompt).
+  templated_prompts: bool = False

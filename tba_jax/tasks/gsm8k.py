@@ -1,7 +1,12 @@
 """GSM8K: loading, the paper's prompt, answer extraction and the 0/1 reward.
 
-Answer extraction follows the paper: commas removed, the LAST number in the
-text, compared to the gold answer (the number after "####") as floats.
+Answer extraction is the authors' (bbartoldson/TBA src/gsm8k_utils.py L10-22):
+commas removed, every match of their number pattern found, the LAST one parsed
+as a float and compared to the gold answer (the number after "####") as floats.
+The pattern tries, in order, "digits.digits?", ".digits", "digits e digits" and
+"digits", each with an optional sign, so "1e3" is 1000, "-.5" is -0.5, "3." is 3
+and "+7" is 7; a decimal with an exponent splits ("1.5e3" reads 1.5, then 3), and
+"1E3" (capital E) reads 1, then 3, exactly as in their code.
 """
 from __future__ import annotations
 
@@ -13,18 +18,13 @@ from tba_jax.tasks import Problem
 
 PAPER_PROMPT = "[MATH TASK] Problem:\n{question}\n\nSolution:\n"
 HUB_ID = "openai/gsm8k"
-_NUMBER = re.compile(r"-?\d*\.?\d+")
+_NUMBER = re.compile(r"(?:[+-]?\d+\.\d*|[+-]?\.\d+|[+-]?\d+e[-+]?\d+|[+-]?\d+)")
 
 
 def extract_answer(text: str) -> float | None:
   """The last number in `text` (commas removed), or None when there is none."""
   numbers = _NUMBER.findall(text.replace(",", ""))
-  if not numbers:
-    return None
-  try:
-    return float(numbers[-1])
-  except ValueError:
-    return None
+  return float(numbers[-1]) if numbers else None  # every match parses as a float
 
 
 def gold_answer(answer: str) -> float:
