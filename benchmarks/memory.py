@@ -50,7 +50,6 @@ def estimate(arg: str) -> dict:
   """Per-device bytes of `arg` ("VARIANT[,key=value,...]") in the variant's layout."""
   import jax
   import jax.numpy as jnp
-  import numpy as np
 
   from configs import gsm8k
   from tba_jax import model, train_step
@@ -61,9 +60,9 @@ def estimate(arg: str) -> dict:
   cfg = ModelConfig(**ARCHITECTURES[c.model.path], dtype=master)
   shapes = model.param_shapes(cfg)
   num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
-  optimizer = train_step.make_optimizer(1e-5, c.optim.weight_decay, c.optim.grad_clip_norm or None)
-  opt_state = jax.eval_shape(lambda p: optimizer.init(jax.tree.map(
-      lambda x: x.astype(np.float32), p)), shapes)
+  optimizer = train_step.make_optimizer(1e-5, c.optim.weight_decay, c.optim.grad_clip_norm or None,
+                                        moments_dtype=c.optim.moments_dtype)
+  opt_state = jax.eval_shape(optimizer.init, shapes)
   trainers = c.mesh.num_trainer_devices
   state = (_bytes(shapes) + _bytes(opt_state) + 4 * num_params) / trainers
   rows = c.buffer.num_prompts * c.buffer.samples_per_prompt / c.optim.num_microbatches
@@ -80,7 +79,7 @@ def estimate(arg: str) -> dict:
           "shared": c.sync.mode == "alternate"}  # the one-device layout: roles share it
 
 
-DEFAULT = ("cpu", "rho1b", "qwen", "qwen,optim.num_microbatches=7")
+DEFAULT = ("cpu", "rho1b", "rho1b_stable", "qwen", "qwen,optim.num_microbatches=7")
 
 
 def table(variants=DEFAULT) -> str:
