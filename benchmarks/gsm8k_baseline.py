@@ -26,7 +26,7 @@ def main():
 
   import jax
 
-  from tba_jax import hf_checkpoints, tokenizer
+  from tba_jax import hf_checkpoints, rewards, tokenizer
   from tba_jax.evaluation import Evaluator
   from tba_jax.sampler import Sampler
   from tba_jax.tasks import gsm8k
@@ -40,7 +40,8 @@ def main():
   greedy = Sampler(cfg, max_new_tokens=args.max_new_tokens, greedy=True, eos_ids=tok.eos_ids,
                    pad_id=tok.pad_id)
   evaluator = Evaluator(problems=problems, prompt_tokens=prompts, decode=tok.decode,
-                        reward=gsm8k.reward, batch_size=args.batch_size, greedy=greedy)
+                        reward=rewards.TextReward(gsm8k.reward).build(None),
+                        eos_ids=tok.eos_ids, batch_size=args.batch_size, greedy=greedy)
   t0 = time.perf_counter()
   result = evaluator(params, jax.random.key(0))
   print(f"SmolLM2-135M-Instruct (Q4_1 GGUF, float32), GSM8K test first {len(problems)}, "

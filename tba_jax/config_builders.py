@@ -1,6 +1,6 @@
-"""Runtime pieces built from config sections: devices, model, tokenizer, task, loss,
-schedules. tba_jax.loop.run wires them together; tests and benchmarks build the
-same pieces from the same config."""
+"""Runtime pieces built from config sections: devices, model, tokenizer, task,
+searchers, evaluation, loss, schedules. tba_jax.loop.run wires them together;
+tests and benchmarks build the same pieces from the same config."""
 from __future__ import annotations
 
 import functools
@@ -9,10 +9,14 @@ import os
 
 import jax
 
-from tba_jax import hf_checkpoints, losses, sharding, train_step
+from tba_jax import hf_checkpoints, losses, rewards, sharding, train_step, weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.config_checks import ConfigError
+from tba_jax.evaluation import Evaluator
 from tba_jax.model import ModelConfig, init_params
+from tba_jax.sampler import Sampler
+from tba_jax.searcher import PromptStream, Searcher
+from tba_jax.searcher_pool import SearcherPool
 from tba_jax.tasks import Task, arithmetic, gsm8k
 
 
@@ -149,8 +153,60 @@ def build_task(task_cfg, tokenizer) -> Task:
     prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer)
   else:
     prompt = lambda p: style.format(question=p.question + suffix)
-  return Task(train=train, test=test, prompt=prompt, reward=gsm8k.reward,
-              templated_prompts=style == "chat")
+  return Task(train=train, test=test, prompt=prompt, reward=rewards.TextReward(gsm8k.reward),
+              templated_prompts=style == "chat", answer=gsm8k.extract_answer)
+
+
+def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, meshes, *,
+                  publish, params, reference, prompt_tokens: dict[int, list[int]],
+                  max_prompt_len: int, seed: int) -> SearcherPool:
+  """This process's searchers, one per mesh, with the task's reward stage built on each.
+
+  `publish(params, i)` places params on searcher i's devices; `params` are the trainer's
+  first weights (version 0), `reference` the reference policy's (trainer-side) params.
+  Each searcher samples its own shard of the training prompts (a global stride over
+  every process's searchers).
+  """
+  s = sampler_cfg
+  train_ids = [p.id for p in task.train]
+  problems = {p.id: p for p in task.train}
+  stage = rewards.as_stage(task.reward)
+  num_shards = len(meshes) * jax.process_count()
+  searchers = []
+  for i, mesh in enumerate(meshes):
+    shard = i + len(meshes) * jax.process_index()  # this searcher's global index
+    sampler = Sampler(model_config, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                      top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
+                      pad_id=tokenizer.pad_id, mesh=mesh)
+    first = publish(params, i)
+    searchers.append(Searcher(
+        shard, sampler=sampler, ref_params=first if reference is None else publish(reference, i),
+        mailbox=weight_sync.Mailbox(0, first),
+        stream=PromptStream(train_ids[shard::num_shards], seed=seed + shard),
+        prompt_tokens=prompt_tokens, problems=problems, decode=tokenizer.decode,
+        reward=stage.build(mesh), num_prompts=s.num_prompts_per_batch,
+        num_samples=s.num_samples_per_prompt, max_prompt_len=max_prompt_len, seed=seed))
+  return SearcherPool(searchers, publish=publish, max_prompt_len=max_prompt_len,
+                      max_completion_len=s.max_new_tokens)
+
+
+def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, mesh,
+              max_prompt_len: int, progress: bool) -> Evaluator:
+  """Greedy and/or sampled evaluation on `mesh`, scored by the task's reward stage."""
+  e, s = eval_cfg, sampler_cfg
+  problems = task.test[:e.num_problems] if e.num_problems else task.test
+  make_sampler = lambda **kw: Sampler(model_config, max_new_tokens=e.max_new_tokens,
+                                      eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
+                                      mesh=mesh, **kw)
+  return Evaluator(
+      problems=problems,
+      prompt_tokens=list(encode_prompts(problems, task, tokenizer, max_prompt_len).values()),
+      decode=tokenizer.decode, reward=rewards.as_stage(task.reward).build(mesh),
+      eos_ids=tokenizer.eos_ids, batch_size=e.batch_size,
+      greedy=make_sampler(greedy=True) if e.greedy else None,
+      sampled=make_sampler(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+      if e.num_samples else None, num_samples=e.num_samples, answer=task.answer,
+      progress=progress)
 
 
 def encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, list[int]]:

@@ -9,6 +9,7 @@ order; searcher threads never call them.
 """
 from __future__ import annotations
 
+import json
 import os
 
 import jax
@@ -69,3 +70,16 @@ def broadcast_flags(*flags: bool) -> tuple[bool, ...]:
   from jax.experimental import multihost_utils
   raised = np.asarray(multihost_utils.process_allgather(np.array(flags, np.int32))).max(axis=0)
   return tuple(bool(f) for f in raised)
+
+
+def all_gather_json(value) -> list:
+  """Every process's JSON-serialisable `value`, in process order, on every process."""
+  if jax.process_count() == 1:
+    return [value]
+  from jax.experimental import multihost_utils
+  raw = np.frombuffer(json.dumps(value).encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.int32(raw.size)))
+  padded = np.zeros(int(sizes.max()), np.uint8)  # size first: one shape on every host
+  padded[:raw.size] = raw
+  gathered = np.asarray(multihost_utils.process_allgather(padded))
+  return [json.loads(bytes(gathered[i, :sizes[i]]).decode()) for i in range(len(sizes))]

@@ -1,22 +1,24 @@
 """Evaluation: greedy pass@1, sampled pass@1 / pass@n, distinct final answers.
 
-Problems are batched through the same sampler the searchers use. With several
+Problems are batched through the same sampler the searchers use and scored by
+the task's reward stage (built on the evaluation devices); "pass" means a
+reward > 0, and pass@1 is the mean reward (0/1 for GSM8K). With several
 processes, each evaluates its own stride of the problems and the counts are
 summed across processes.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 import tqdm
 
+from tba_jax.rewards import RewardBatch, RewardFn
 from tba_jax.tasks import Problem
-from tba_jax.tasks.gsm8k import extract_answer
 
-# generate(params, prompts, key) -> rollouts with .tokens [B, T] and .lengths [B]
+# generate(params, prompts, key) -> Rollouts (a sampler.Sampler)
 GenerateFn = Callable
 
 
@@ -25,29 +27,36 @@ class Evaluator:
   problems: Sequence[Problem]
   prompt_tokens: Sequence[list[int]]  # one per problem
   decode: Callable[[Sequence[int]], str]
-  reward: Callable[[str, float], float]
+  reward: RewardFn  # the task's reward stage, built on the evaluation devices
+  eos_ids: Sequence[int]
   batch_size: int
   greedy: GenerateFn | None = None  # greedy sampler, or None to skip greedy pass@1
   sampled: GenerateFn | None = None  # temperature sampler, or None to skip sampled metrics
   num_samples: int = 0
+  answer: Callable[[str], Any] | None = None  # a completion's final answer: distinct_answers
   progress: bool = True
 
   def _run(self, generate, params, indices, repeats, key, desc):
-    """(rewards [len(indices), repeats], final answers) for the problems at `indices`."""
+    """(rewards [len(indices), repeats], texts) for the problems at `indices`."""
     rows = [i for i in indices for _ in range(repeats)]
-    rewards, answers = np.zeros(len(rows)), []
+    rewards, texts = np.zeros(len(rows)), []
     bar = tqdm.tqdm(total=len(rows), desc=desc, disable=not self.progress, leave=False)
     for start in range(0, len(rows), self.batch_size):
       chunk = rows[start:start + self.batch_size]
       key, sub = jax.random.split(key)
-      out = generate(params, [self.prompt_tokens[i] for i in chunk], sub)
-      for j, i in enumerate(chunk):
-        text = self.decode(out.tokens[j, :out.lengths[j]])
-        rewards[start + j] = self.reward(text, self.problems[i].gold)
-        answers.append(extract_answer(text))
+      prompts = [self.prompt_tokens[i] for i in chunk]
+      out = generate(params, prompts, sub)
+      completions = [out.tokens[j, :out.lengths[j]] for j in range(len(chunk))]
+      batch = RewardBatch(
+          problems=[self.problems[i] for i in chunk], prompts=prompts, completions=completions,
+          ended_with_eos=np.array([c.size > 0 and int(c[-1]) in self.eos_ids
+                                   for c in completions]),
+          texts=[self.decode(c) for c in completions])
+      rewards[start:start + len(chunk)] = self.reward(batch)
+      texts.extend(batch.texts)
       bar.update(len(chunk))
     bar.close()
-    return rewards.reshape(len(indices), repeats), answers
+    return rewards.reshape(len(indices), repeats), texts
 
   def __call__(self, params, key) -> dict[str, float]:
     """Metrics under "eval/..." keys (this process's share, summed over processes)."""
@@ -58,12 +67,14 @@ class Evaluator:
       sums["greedy_pass@1"] = r.sum()
     if self.sampled is not None and self.num_samples > 0:
       n = self.num_samples
-      r, answers = self._run(self.sampled, params, indices, n, jax.random.fold_in(key, 1),
-                             "eval sampled")
+      r, texts = self._run(self.sampled, params, indices, n, jax.random.fold_in(key, 1),
+                           "eval sampled")
       sums["sampled_pass@1"] = r.mean(axis=1).sum()
       sums[f"pass@{n}"] = (r.max(axis=1) > 0).sum()
-      distinct = [len({a for a in answers[k * n:(k + 1) * n]}) for k in range(len(indices))]
-      sums["distinct_answers"] = float(np.sum(distinct))
+      if self.answer is not None:
+        answers = [self.answer(t) for t in texts]
+        sums["distinct_answers"] = float(sum(len(set(answers[k * n:(k + 1) * n]))
+                                             for k in range(len(indices))))
     names = sorted(sums)
     totals = np.array([sums[k] for k in names] + [len(indices)], np.float64)
     if jax.process_count() > 1:

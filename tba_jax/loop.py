@@ -35,21 +35,17 @@ from tba_jax import config_checks, distributed, hf_checkpoints, run_info, shardi
 from tba_jax import config_builders as build
 from tba_jax import weight_sync
 from tba_jax.checkpoint import Checkpointer
-from tba_jax.evaluation import Evaluator
 from tba_jax.metrics import LatestFractionWatch, MetricsWriter
 from tba_jax.model import ModelConfig
 from tba_jax.replay_buffer import ReplayBuffer
-from tba_jax.sampler import Sampler
-from tba_jax.searcher import PromptStream, Searcher
+from tba_jax.searcher_pool import SearcherError
 from tba_jax.tasks import Task
+
+__all__ = ["run", "SearcherError", "FINISHED_FILE"]
 
 
 # Written to the workdir after the final evaluation and export: {"step", eval metrics}.
 FINISHED_FILE = "finished.json"
-
-
-class SearcherError(RuntimeError):
-  pass
 
 
 
@@ -125,79 +121,61 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   global_buffer = ReplayBuffer(c.buffer.max_per_prompt, c.buffer.max_entries or None,
                                c.buffer.eviction, seed=c.seed, dedup=c.buffer.dedup)
 
-  # ----- Searchers --------------------------------------------------------------
-  s = c.sampler
-  train_ids = [p.id for p in task.train]
-  golds = {p.id: p.gold for p in task.train}
-  num_shards = len(searcher_meshes) * jax.process_count()
+  # ----- Searchers and evaluation ---------------------------------------------------
   # With reference resets the reference in use is part of the run state: a copy on the
   # trainer mesh (in the searchers' dtype), saved with every checkpoint.
   resets = c.loss.ref_reset_every > 0
   reference = weight_sync.snapshot(state.params, searcher_dtype) if resets else None
-  searchers = []
-  for i, mesh in enumerate(searcher_meshes):
-    shard = i + len(searcher_meshes) * jax.process_index()  # this searcher's global index
-    sampler = Sampler(searcher_cfg, max_new_tokens=tc, temperature=s.temperature, top_k=s.top_k,
-                      top_p=s.top_p, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
-                      mesh=mesh)
-    first = publish(state.params, i)
-    searchers.append(Searcher(
-        shard, model_config=searcher_cfg, sampler=sampler, mesh=mesh,
-        ref_params=publish(reference, i) if resets else first,
-        mailbox=weight_sync.Mailbox(0, first), stream=PromptStream(train_ids[shard::num_shards],
-                                                                   seed=c.seed + shard),
-        prompt_tokens=prompt_tokens, golds=golds, decode=tokenizer.decode, reward=task.reward,
-        num_prompts=s.num_prompts_per_batch, num_samples=s.num_samples_per_prompt,
-        max_prompt_len=tp, temperature=s.temperature, pad_id=tokenizer.pad_id, seed=c.seed))
+  pool = build.searcher_pool(c.sampler, task, tokenizer, searcher_cfg, searcher_meshes,
+                             publish=publish, params=state.params, reference=reference,
+                             prompt_tokens=prompt_tokens, max_prompt_len=tp, seed=c.seed)
+  evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg,
+                              searcher_meshes[0], tp, progress=is_main)
 
-  e = c.eval
-  eval_problems = task.test[:e.num_problems] if e.num_problems else task.test
-  eval_mesh = searcher_meshes[0]
-  make_eval_sampler = lambda **kw: Sampler(
-      searcher_cfg, max_new_tokens=e.max_new_tokens, eos_ids=tokenizer.eos_ids,
-      pad_id=tokenizer.pad_id, mesh=eval_mesh, **kw)
-  evaluator = Evaluator(
-      problems=eval_problems,
-      prompt_tokens=list(build.encode_prompts(eval_problems, task, tokenizer, tp).values()),
-      decode=tokenizer.decode, reward=task.reward, batch_size=e.batch_size,
-      greedy=make_eval_sampler(greedy=True) if e.greedy else None,
-      sampled=make_eval_sampler(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
-      if e.num_samples else None, num_samples=e.num_samples, progress=is_main)
-  evaluate = lambda step: evaluator(publish(state.params, 0),
-                                    jax.random.fold_in(jax.random.key(c.seed + 1), step))
+  def evaluate(params, step):
+    return evaluator(publish(params, 0), jax.random.fold_in(jax.random.key(c.seed + 1), step))
 
   # ----- Resume -------------------------------------------------------------------
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), c.checkpoint.max_to_keep)
   # With resets the checkpointed tree is (train state, reference); loss.ref_reset_every is
   # part of the config a resume must match, so the structure always fits.
-  run_state = lambda: (state, reference) if resets else state
-  restored = checkpointer.restore(jax.tree.map(_abstract, run_state()), config_dict)
+  run_state = lambda state, reference: (state, reference) if resets else state
+  restored = checkpointer.restore(jax.tree.map(_abstract, run_state(state, reference)),
+                                  config_dict)
   start_step, elapsed = 0, 0.0
   if restored is not None:
     start_step, saved, buffer_state, meta = restored
     state, reference = saved if resets else (saved, None)
     global_buffer.load_state_dict(buffer_state)
-    for searcher, st in zip(searchers, meta["searchers"][jax.process_index()]):
-      searcher.load_state_dict(st)
-    for i, searcher in enumerate(searchers):
-      searcher.mailbox.put(start_step, publish(state.params, i))
-      if resets:
-        searcher.set_reference(publish(reference, i))
+    pool.load_state_dict(meta["searchers"])
+    pool.publish(start_step, state.params)
+    if resets:
+      pool.set_reference(reference)
     elapsed = meta.get("wall_time", 0.0)  # absent in checkpoints of older versions
     print(f"Resumed from step {start_step} ({len(global_buffer)} buffer entries).")
 
-  def save(step):
+  def save(step, state, reference):
     # Every process takes part: orbax writes the global arrays collectively.
-    states = [sr.state_dict() for sr in searchers]
-    searcher_states = _gather_json(states) if jax.process_count() > 1 else [states]
-    checkpointer.save(step, run_state(), global_buffer.state_dict(),
-                      {"step": step, "searchers": searcher_states,
+    checkpointer.save(step, run_state(state, reference), global_buffer.state_dict(),
+                      {"step": step, "searchers": pool.state_dict(),
                        "wall_time": metrics_writer.elapsed()}, config_dict)
+
+  def stop_if_a_searcher_failed(state, reference):
+    if pool.failed():
+      save(int(state.step), state, reference)
+      raise pool.error(int(state.step))
+
+  def search_round(num_prompts, state, reference):
+    """Alternate mode: the searchers sample `num_prompts` prompts; the trainer waits."""
+    t0 = time.perf_counter()
+    pool.search_round(num_prompts)
+    stop_if_a_searcher_failed(state, reference)
+    clock.waiting += time.perf_counter() - t0
 
   setup = run_info.describe(
       c, trainer_mesh=trainer_mesh, searcher_meshes=searcher_meshes, mode=mode,
       model_config=model_cfg, num_params=num_params, task=task,
-      num_eval_problems=len(eval_problems), start_step=start_step,
+      num_eval_problems=len(evaluator.problems), start_step=start_step,
       beta_at=lambda done: float(beta(done)), lr_at=lr_at)
   metrics_writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard,
                                  wandb_project=c.log.wandb_project or None,
@@ -206,62 +184,26 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     print(run_info.banner(setup, workdir), flush=True)
   metrics_writer.start_segment(start_step, setup)
   training = start_step < c.num_train_steps  # else only the final evaluation is left
-  stop = threading.Event()
   terminated = threading.Event()
   previous_handler = _install_sigterm(terminated)
   clock = _Clock()
-  threads = []
-
-  def merge():
-    """Searchers' new entries into the global buffer (same order on every host)."""
-    new = [entry for sr in searchers for entry in sr.buffer.drain_new()]
-    new = distributed.all_gather_entries(new, max_prompt_len=tp, max_completion_len=tc)
-    global_buffer.add_many(new)
-    return len(new)
-
-  def check_searchers():
-    failed = [sr for sr in searchers if sr.error is not None]
-    if distributed.broadcast_flags(bool(failed))[0]:
-      save(int(state.step))
-      raise SearcherError(
-          "a searcher failed; the run stopped after saving a checkpoint at step "
-          f"{int(state.step)}.\n" + "\n".join(f"searcher {sr.id}:\n{sr.error}" for sr in failed))
-
-  def search_round(num_prompts):
-    """Alternate mode: every searcher samples at least `num_prompts` / #searchers prompts."""
-    per = math.ceil(num_prompts / (len(searchers) * jax.process_count() *
-                                   s.num_prompts_per_batch))
-    t0 = time.perf_counter()
-    for sr in searchers:
-      for _ in range(per):
-        try:
-          sr.search_once()
-        except Exception:  # reported like a thread's failure
-          import traceback
-          sr.error = traceback.format_exc()
-          break
-    check_searchers()
-    clock.waiting += time.perf_counter() - t0
 
   try:
     # ----- Evaluate the starting policy --------------------------------------------
     if start_step == 0:
-      metrics_writer.write(0, evaluate(0), wall_time=0.0)
+      metrics_writer.write(0, evaluate(state.params, 0), wall_time=0.0)
 
     # ----- Pre-fill the buffer (a resumed run has its buffer back) ------------------
     if mode == "async" and training:
-      threads = [threading.Thread(target=sr.run, args=(stop,), name=f"searcher-{sr.id}",
-                                  daemon=True) for sr in searchers]
-      for t in threads:
-        t.start()
-    t0 = search_start = time.perf_counter()
+      pool.start()
+    t0 = time.perf_counter()
     while start_step == 0 and len(global_buffer) < c.buffer.prefill:
       if mode == "async":
         time.sleep(0.05)
-        check_searchers()
+        stop_if_a_searcher_failed(state, reference)
       else:
-        search_round(c.buffer.num_prompts)
-      merge()
+        search_round(c.buffer.num_prompts, state, reference)
+      pool.merge(global_buffer)
     if start_step == 0:
       global_buffer.mark_sync()
     if mode == "async":
@@ -281,8 +223,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       # Step 0's round was the pre-fill; a resumed run searches at its first step as the
       # uninterrupted run did (its checkpoint was saved after the publish, before the round).
       if mode == "alternate" and step > 0 and step % c.sync.every == 0:
-        search_round(window_prompts)
-        merge()
+        search_round(window_prompts, state, reference)
+        pool.merge(global_buffer)
         global_buffer.mark_sync()
       t0 = time.perf_counter()
       batch, info = global_buffer.sample(
@@ -301,23 +243,20 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
             f"without saving. The checkpoints in {checkpointer.directory} are intact.")
 
       # Sync: weights to the searchers, their new entries into the global buffer.
-      if mode == "async" and (step + 1) % c.sync.every == 0:
+      # (Alternate mode merges at its next search round.)
+      if (step + 1) % c.sync.every == 0:
         t1 = time.perf_counter()
-        for i, sr in enumerate(searchers):
-          sr.mailbox.put(step + 1, publish(state.params, i))
-        merge()
-        global_buffer.mark_sync()
-        clock.sync += time.perf_counter() - t1
-        check_searchers()
-      if mode == "alternate" and (step + 1) % c.sync.every == 0:
-        for i, sr in enumerate(searchers):
-          sr.mailbox.put(step + 1, publish(state.params, i))
+        pool.publish(step + 1, state.params)
+        if mode == "async":
+          pool.merge(global_buffer)
+          global_buffer.mark_sync()
+          clock.sync += time.perf_counter() - t1
+          stop_if_a_searcher_failed(state, reference)
       if resets and (step + 1) % c.loss.ref_reset_every == 0:
         # Entries already sampled keep the reference log-probs they were scored with; a
         # batch group can mix them with entries scored under the new reference (README).
         reference = weight_sync.snapshot(state.params, searcher_dtype)
-        for i, sr in enumerate(searchers):
-          sr.set_reference(publish(reference, i))
+        pool.set_reference(reference)
         if is_main:
           tqdm.tqdm.write(f"step {step + 1}: reference reset; {len(global_buffer)} buffer "
                           "entries keep log-probs of the previous reference")
@@ -332,7 +271,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
                  trainer_idle_fraction=clock.waiting / max(clock.waiting + clock.busy, 1e-9),
                  sync_seconds=clock.sync, buffer_entries=len(global_buffer),
                  buffer_prompts=global_buffer.stats()["num_prompts"],
-                 **_searcher_metrics(searchers, time.perf_counter() - search_start))
+                 **pool.metrics())
       if done % c.log.every == 0:
         metrics_writer.write(done, row)
       warning = watch(done, row["fraction_from_latest"])
@@ -350,10 +289,10 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
                                                                 due)
       last_step = done == c.num_train_steps or out_of_time
       if due and not last_step:
-        metrics_writer.write(done, evaluate(done))
+        metrics_writer.write(done, evaluate(state.params, done))
         last_eval = time.perf_counter()
       if done % c.checkpoint.every == 0 or last_step or terminate:
-        save(done)
+        save(done, state, reference)
       if terminate:
         print(f"SIGTERM: saved a checkpoint at step {done}; rerun to resume.")
         return {"step": done, "terminated": True}
@@ -363,7 +302,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     bar.close()
 
     # ----- Finish: final evaluation and export -------------------------------------------
-    final = evaluate(last)
+    final = evaluate(state.params, last)
     metrics_writer.write(last, final)
     if c.export:
       _export(model_cfg.replace(dtype=c.model.dtype), state.params, tokenizer,
@@ -373,9 +312,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       print(f"Finished at step {last}: " + ", ".join(f"{k} {v:.3f}" for k, v in final.items()))
     return {"step": last, **final, **_buffer_summary(global_buffer)}
   finally:
-    stop.set()
-    for t in threads:
-      t.join(timeout=60)
+    pool.stop()
     if previous_handler is not None:
       signal.signal(signal.SIGTERM, previous_handler)
     metrics_writer.close()
@@ -406,25 +343,6 @@ def _to_global(batch, shardings):
   """The same numpy batch on every process -> global arrays on the trainer mesh."""
   return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
                       batch, shardings)
-
-
-def _searcher_metrics(searchers, elapsed: float) -> dict:
-  busy = sum(sr.stats.busy_seconds for sr in searchers) / len(searchers)
-  samples = sum(sr.stats.num_samples for sr in searchers)
-  return {"searcher_busy_fraction": min(busy / max(elapsed, 1e-9), 1.0),
-          "searcher_samples": samples,
-          "searcher_reward_mean": sum(sr.stats.reward_sum for sr in searchers) / max(samples, 1)}
-
-
-def _gather_json(states):
-  import json
-  from jax.experimental import multihost_utils
-  raw = np.frombuffer(json.dumps(states).encode(), np.uint8)
-  sizes = np.asarray(multihost_utils.process_allgather(np.int32(raw.size)))
-  padded = np.zeros(int(sizes.max()), np.uint8)
-  padded[:raw.size] = raw
-  allp = np.asarray(multihost_utils.process_allgather(padded))
-  return [json.loads(bytes(allp[i, :sizes[i]]).decode()) for i in range(len(sizes))]
 
 
 def _install_sigterm(flag: threading.Event):

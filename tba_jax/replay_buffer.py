@@ -44,9 +44,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from tba_jax import batch as batch_lib
+from tba_jax.batch import TrainBatch
 from tba_jax.entries import (PER_TOKEN_FIELDS, SCALAR_FIELDS, Entry, check_fits, frozen,
                              normalized)
-from tba_jax.train_step import TrainBatch
 
 EVICTION_POLICIES = ("oldest", "lowest_reward")
 # The variable-length arrays of state_dict, in the order of its `sizes` array.
@@ -293,7 +294,8 @@ class ReplayBuffer:
       info = {"num_latest_left": len(latest_left), "sync_index": self._num_syncs}
     # Entries are immutable, so the arrays are built outside the lock.
     rows = [item for s in slots for item in s[3]]
-    batch = _layout([e for _, e in rows], max_prompt_len, max_completion_len, pad_id, include_eos)
+    batch = batch_lib.from_entries([e for _, e in rows], max_prompt_len, max_completion_len,
+                                   pad_id, include_eos)
     from_latest = np.array([s[1] for s in slots], bool)
     info.update(prompt_ids=np.array([s[0] for s in slots], np.int64), from_latest=from_latest,
                 with_replacement=np.array([s[2] for s in slots], bool),
@@ -390,30 +392,3 @@ class ReplayBuffer:
 
 def _cat(arrays: Sequence[np.ndarray]) -> np.ndarray:
   return np.concatenate(arrays) if arrays else np.zeros(0)
-
-
-def _layout(entries: Sequence[Entry], tp: int, tc: int, pad_id: int,
-            include_eos: bool) -> TrainBatch:
-  """Rows in slot order (rows of a slot contiguous): prompt right-aligned in [0, Tp),
-  completion from column Tp, so every completion starts at the same column."""
-  n = len(entries)
-  tokens = np.full((n, tp + tc), pad_id, np.int32)
-  attention = np.zeros((n, tp + tc), np.int32)
-  counted = np.zeros((n, tc), np.float32)
-  ref, beh = np.zeros((n, tc), np.float32), np.zeros((n, tc), np.float32)
-  for r, e in enumerate(entries):
-    lp, length = e.prompt.size, e.length
-    tokens[r, tp - lp:tp], tokens[r, tp:tp + length] = e.prompt, e.completion
-    attention[r, tp - lp:tp + length] = 1  # the EOS token is attended to in either case
-    # include_eos=False drops the EOS token's own log-prob (the authors' pad == eos case);
-    # a truncated sample has no EOS, so all its tokens count.
-    c = length - 1 if e.ended_with_eos and not include_eos else length
-    counted[r, :c] = 1.0
-    # Log-probs are zero wherever completion_mask is 0, so a plain sum over Tc is exactly
-    # the log pi the loss counts.
-    ref[r, :c], beh[r, :c] = e.ref_logprobs[:c], e.behaviour_logprobs[:c]
-  return TrainBatch(
-      tokens=tokens, attention_mask=attention, completion_mask=counted, ref_logprobs=ref,
-      behaviour_logprobs=beh, rewards=np.array([e.reward for e in entries], np.float32),
-      group_ids=np.array([e.prompt_id for e in entries], np.int32),
-      versions=np.array([e.version for e in entries], np.int32))

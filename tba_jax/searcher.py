@@ -2,11 +2,12 @@
 
 One `search_once` call: take the newest published weights from the mailbox,
 draw the next prompts of this searcher's shard, sample S completions of each,
-score them with the task reward, compute the reference model's per-token
-log-probs of each completion, and add the stamped entries (policy version,
-searcher id) to the searcher's local replay buffer. `run` repeats that in a
-thread until told to stop; an exception is kept with its traceback for the
-trainer to report.
+score the batch with the task's reward stage, compute the reference model's
+per-token log-probs of each completion, and add the stamped entries (policy
+version, searcher id) to the searcher's local replay buffer. `run` repeats that
+in a thread until told to stop; an exception is kept with its traceback for the
+trainer to report. The searchers of a process are driven together by
+`searcher_pool.SearcherPool`.
 """
 from __future__ import annotations
 
@@ -19,11 +20,14 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from tba_jax import batch as batch_lib
 from tba_jax import sharding, train_step
-from tba_jax.model import ModelConfig, Params
 from tba_jax.entries import Entry
+from tba_jax.model import Params
 from tba_jax.replay_buffer import ReplayBuffer
-from tba_jax.sampler import Sampler
+from tba_jax.rewards import RewardBatch, RewardFn
+from tba_jax.sampler import Rollouts, Sampler
+from tba_jax.tasks import Problem
 from tba_jax.weight_sync import Mailbox
 
 
@@ -71,20 +75,23 @@ class SearchStats:
 
 
 class Searcher:
-  """Generates, scores and stores completions for one shard of the prompts."""
+  """Generates, scores and stores completions for one shard of the prompts.
 
-  def __init__(self, searcher_id: int, *, model_config: ModelConfig, sampler: Sampler, mesh,
-               ref_params: Params, mailbox: Mailbox, stream: PromptStream,
-               prompt_tokens: dict[int, list[int]], golds: dict[int, float],
-               decode: Callable[[Sequence[int]], str], reward: Callable[[str, float], float],
-               num_prompts: int, num_samples: int, max_prompt_len: int, temperature: float,
-               pad_id: int, seed: int):
-    self.id, self.model_config, self.sampler, self.mesh = searcher_id, model_config, sampler, mesh
+  The sampler holds the model, its devices, the temperature and the special
+  ids; `reward` is the task's reward stage built on the same devices.
+  """
+
+  def __init__(self, searcher_id: int, *, sampler: Sampler, ref_params: Params,
+               mailbox: Mailbox, stream: PromptStream, prompt_tokens: dict[int, list[int]],
+               problems: dict[int, Problem], decode: Callable[[Sequence[int]], str],
+               reward: RewardFn, num_prompts: int, num_samples: int, max_prompt_len: int,
+               seed: int):
+    self.id, self.sampler = searcher_id, sampler
     self.ref_params = ref_params  # frozen reference, on this searcher's devices
     self.mailbox, self.stream = mailbox, stream
-    self.prompt_tokens, self.golds, self.decode, self.reward = prompt_tokens, golds, decode, reward
-    self.num_prompts, self.num_samples = num_prompts, num_samples
-    self.max_prompt_len, self.temperature, self.pad_id = max_prompt_len, temperature, pad_id
+    self.prompt_tokens, self.problems = prompt_tokens, problems
+    self.decode, self.reward = decode, reward
+    self.num_prompts, self.num_samples, self.max_prompt_len = num_prompts, num_samples, max_prompt_len
     self.key = jax.random.fold_in(jax.random.key(seed), searcher_id)
     # Local staging, drained into the global buffer (which de-duplicates if configured).
     self.buffer = ReplayBuffer(max_per_prompt=10**9, dedup=False)
@@ -106,46 +113,45 @@ class Searcher:
       ids = self.stream.take(self.num_prompts)
       # [P] prompts -> [P * S] rows, prompt-major: row r is prompt ids[r // S].
       rows = [i for i in ids for _ in range(self.num_samples)]
-      key = jax.random.fold_in(self.key, self.num_batches)
-      out = self.sampler(params, [self.prompt_tokens[i] for i in rows], key)
-      ref = self._reference_logprobs(rows, out)
-      texts = [self.decode(out.tokens[r, :out.lengths[r]]) for r in range(len(rows))]
+      prompts = [self.prompt_tokens[i] for i in rows]
+      out = self.sampler(params, prompts, jax.random.fold_in(self.key, self.num_batches))
+      completions = [out.tokens[r, :out.lengths[r]] for r in range(len(rows))]
       eos = set(self.sampler.options.eos_ids)
-      entries = []
-      for r, i in enumerate(rows):
-        n = int(out.lengths[r])
-        reward = self.reward(texts[r], self.golds[i])
-        entries.append(Entry(
-            prompt_id=i, prompt=self.prompt_tokens[i], completion=out.tokens[r, :n],
-            reward=reward, ref_logprobs=ref[r, :n], behaviour_logprobs=out.tempered_logprobs[r, :n],
-            version=version, searcher_id=self.id,
-            ended_with_eos=n > 0 and int(out.tokens[r, n - 1]) in eos))
-        self.stats.reward_sum += reward
-        self.stats.tokens += n
+      ended = np.array([c.size > 0 and int(c[-1]) in eos for c in completions])
+      rewards = np.asarray(self.reward(RewardBatch(
+          problems=[self.problems[i] for i in rows], prompts=prompts, completions=completions,
+          ended_with_eos=ended, texts=[self.decode(c) for c in completions])), np.float32)
+      if rewards.shape != (len(rows),):
+        raise ValueError(f"the reward stage returned shape {rewards.shape} for {len(rows)} "
+                         "completions; expected one reward per completion")
+      ref = self._reference_logprobs(prompts, out)
+      entries = [Entry(prompt_id=i, prompt=prompts[r], completion=completions[r],
+                       reward=float(rewards[r]), ref_logprobs=ref[r, :completions[r].size],
+                       behaviour_logprobs=out.tempered_logprobs[r, :completions[r].size],
+                       version=version, searcher_id=self.id, ended_with_eos=bool(ended[r]))
+                 for r, i in enumerate(rows)]
       self.buffer.add_many(entries)
       self.num_batches += 1
       self.stats.num_batches += 1
       self.stats.num_samples += len(rows)
+      self.stats.reward_sum += float(rewards.sum())
+      self.stats.tokens += int(out.lengths.sum())
       self.stats.busy_seconds += time.perf_counter() - start
       return len(rows)
 
-  def _reference_logprobs(self, rows: list[int], out) -> np.ndarray:
-    tp, tc = self.max_prompt_len, out.tokens.shape[1]
-    tokens = np.full((len(rows), tp + tc), self.pad_id, np.int32)
-    mask = np.zeros((len(rows), tp + tc), np.int32)
-    for r, i in enumerate(rows):
-      p = self.prompt_tokens[i]
-      tokens[r, tp - len(p):tp], mask[r, tp - len(p):tp] = p, 1
-      tokens[r, tp:] = out.tokens[r]
-      mask[r, tp:tp + out.lengths[r]] = 1
+  def _reference_logprobs(self, prompts: list[list[int]], out: Rollouts) -> np.ndarray:
+    """[N, Tc] reference log-probs of the sampled completions, 0 past each one's end."""
+    n, tp, tc = len(prompts), self.max_prompt_len, out.tokens.shape[1]
     # Pad the batch to the sampler's batch bucket so this compiles once per bucket.
-    b = next(b for b in self.sampler.batch_buckets if b >= len(rows))
-    pad = lambda x: np.concatenate([x, np.zeros((b - len(rows), x.shape[1]), x.dtype)])
-    place = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.mesh, 2))
-    out_lp = _completion_logprobs(self.model_config, self.ref_params, place(pad(tokens)),
-                                  place(pad(mask)), completion_len=tc,
-                                  temperature=self.temperature)
-    return np.where(mask[:, tp:] > 0, np.asarray(out_lp)[:len(rows)], 0.0)
+    b = next(b for b in self.sampler.batch_buckets if b >= n)
+    completions = [out.tokens[r, :out.lengths[r]] for r in range(n)] + [[]] * (b - n)
+    tokens, mask = batch_lib.token_rows(prompts + [[]] * (b - n), completions, tp, tc,
+                                        self.sampler.options.pad_id)
+    place = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.sampler.mesh, 2))
+    lp = _completion_logprobs(self.sampler.model_config, self.ref_params, place(tokens),
+                              place(mask), completion_len=tc,
+                              temperature=self.sampler.options.temperature)
+    return np.where(mask[:n, tp:] > 0, np.asarray(lp)[:n], 0.0)
 
   def run(self, stop: threading.Event) -> None:
     """Thread body: search until `stop` is set; an exception is kept, then re-raised."""

@@ -173,31 +173,6 @@ def test_resuming_under_a_different_config_is_refused(tmp_path):
   assert loop.run(longer, str(tmp_path), task=toy_task(longer))["step"] == 3
 
 
-def test_reference_reset_scores_later_samples_against_the_new_reference(tiny_cfg):
-  # loss.ref_reset_every calls Searcher.set_reference with the trainer's current params.
-  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
-  place = lambda p: weight_sync.publish(p, sharding.param_shardings(tiny_cfg, "searcher", mesh))
-  reference, policy = place(init_params(tiny_cfg, 0)), place(init_params(tiny_cfg, 1))
-  prompts = {0: [5, 6, 7], 1: [8, 9]}
-  searcher = Searcher(
-      0, model_config=tiny_cfg, sampler=Sampler(tiny_cfg, max_new_tokens=6, temperature=0.8,
-                                                mesh=mesh),
-      mesh=mesh, ref_params=reference, mailbox=weight_sync.Mailbox(3, policy),
-      stream=PromptStream([0, 1], seed=0), prompt_tokens=prompts, golds={0: 0.0, 1: 0.0},
-      decode=str, reward=lambda text, gold: 0.0, num_prompts=2, num_samples=2,
-      max_prompt_len=4, temperature=0.8, pad_id=0, seed=0)
-
-  def gap():
-    searcher.search_once()
-    entries = searcher.buffer.drain_new()
-    assert len(entries) == 4 and all(e.version == 3 for e in entries)
-    return max(np.abs(e.ref_logprobs - e.behaviour_logprobs).max() for e in entries)
-
-  assert gap() > 1e-2  # scored against the initial reference, not the sampling policy
-  searcher.set_reference(policy)
-  assert gap() < 1e-5  # the reference is now the policy that sampled
-
-
 _COMPARED = ("loss", "reward_mean", "kl", "staleness_mean", "staleness_max", "staleness_hist",
              "searcher_samples", "fraction_from_latest", "buffer_entries")
 
@@ -334,7 +309,7 @@ def test_searchers_sample_in_the_model_dtype_under_float32_master_weights(tmp_pa
       seen["params"] |= {x.dtype for x in jax.tree.leaves(params)}
       return super().__call__(params, prompts, key)
 
-  monkeypatch.setattr(loop, "Sampler", Recording)
+  monkeypatch.setattr(config_builders, "Sampler", Recording)
   c = tiny_config(num_train_steps=2, mesh=dict(num_devices=2, num_trainer_devices=1),
                   sync=dict(mode="alternate"), buffer=dict(prefill=8),
                   model=dict(dtype="bfloat16"), optim=dict(master_weights_fp32=True))

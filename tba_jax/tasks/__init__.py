@@ -1,7 +1,7 @@
 """Tasks: problems, prompt formats and rewards (pure Python)."""
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,7 +19,11 @@ class Task:
   train: Sequence[Problem]
   test: Sequence[Problem]
   prompt: Callable[[Problem], str]  # the text the model continues
-  reward: Callable[[str, float], float]  # (completion text, gold answer) -> reward
+  # A reward stage (tba_jax.rewards: built on each searcher's devices, scores whole batches),
+  # or a plain (completion text, gold answer) -> float function (a rewards.TextReward).
+  reward: Any
   # True: prompt texts are rendered by the tokenizer's chat template and carry its special
   # tokens, so tokenizing them adds none (Tokenizer.encode_prompt).
   templated_prompts: bool = False
+  # A completion's final answer (evaluation counts the distinct ones); None: not reported.
+  answer: Callable[[str], Any] | None = None

@@ -1,0 +1,73 @@
+"""The training batch and its token layout, written once for everyone who builds one.
+
+  tokens, attention = token_rows(prompts, completions, tp, tc, pad_id)
+  batch = from_entries(entries, tp, tc, pad_id, include_eos)   # the replay buffer's batches
+
+Every row holds its prompt right-aligned in columns [0, Tp) (left padding) and
+its completion from column Tp (right padding), so every completion starts at
+the same column. The searchers build exactly these rows to score reference
+log-probs, the replay buffer to train on, so both see the same positions.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from tba_jax.entries import Entry
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainBatch:
+  """N = P prompts x R samples, flat, in the layout above (host NumPy or device arrays)."""
+  tokens: np.ndarray             # [N, Tp + Tc] int32, pad id where absent
+  attention_mask: np.ndarray     # [N, Tp + Tc] int32, 1 = real prompt/completion token
+  completion_mask: np.ndarray    # [N, Tc] float32, 1 = completion token counted in log pi
+  ref_logprobs: np.ndarray       # [N, Tc] float32, per-token reference log-probs (tempered)
+  behaviour_logprobs: np.ndarray  # [N, Tc] float32, per-token log-probs of the sampling policy
+  rewards: np.ndarray            # [N] float32
+  group_ids: np.ndarray          # [N] int32, prompt id (any integers, any order)
+  versions: np.ndarray           # [N] int32, policy version that generated each sample
+
+  @property
+  def prompt_len(self) -> int:
+    return self.tokens.shape[1] - self.completion_mask.shape[1]
+
+
+def token_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], tp: int,
+               tc: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens, attention) [N, tp + tc] int32 of prompt + completion rows (module docstring)."""
+  n = len(prompts)
+  tokens = np.full((n, tp + tc), pad_id, np.int32)
+  attention = np.zeros((n, tp + tc), np.int32)
+  for r, (prompt, completion) in enumerate(zip(prompts, completions)):
+    lp, lc = len(prompt), len(completion)
+    tokens[r, tp - lp:tp], tokens[r, tp:tp + lc] = prompt, completion
+    attention[r, tp - lp:tp + lc] = 1  # an EOS token is attended to, counted or not
+  return tokens, attention
+
+
+def from_entries(entries: Sequence[Entry], tp: int, tc: int, pad_id: int,
+                 include_eos: bool) -> TrainBatch:
+  """A TrainBatch of `entries`, one row each, in order."""
+  n = len(entries)
+  tokens, attention = token_rows([e.prompt for e in entries], [e.completion for e in entries],
+                                 tp, tc, pad_id)
+  counted = np.zeros((n, tc), np.float32)
+  ref, beh = np.zeros((n, tc), np.float32), np.zeros((n, tc), np.float32)
+  for r, e in enumerate(entries):
+    # include_eos=False drops the EOS token's own log-prob (the authors' pad == eos case);
+    # a truncated sample has no EOS, so all its tokens count.
+    c = e.length - 1 if e.ended_with_eos and not include_eos else e.length
+    counted[r, :c] = 1.0
+    # Log-probs are zero wherever completion_mask is 0, so a plain sum over Tc is exactly
+    # the log pi the loss counts.
+    ref[r, :c], beh[r, :c] = e.ref_logprobs[:c], e.behaviour_logprobs[:c]
+  return TrainBatch(
+      tokens=tokens, attention_mask=attention, completion_mask=counted, ref_logprobs=ref,
+      behaviour_logprobs=beh, rewards=np.array([e.reward for e in entries], np.float32),
+      group_ids=np.array([e.prompt_id for e in entries], np.int32),
+      versions=np.array([e.version for e in entries], np.int32))

@@ -1,0 +1,80 @@
+"""A searcher: prompt shards, the reward stage on whole batches, reference log-probs."""
+import jax
+import numpy as np
+import pytest
+
+from tba_jax import sharding, weight_sync
+from tba_jax.model import init_params
+from tba_jax.sampler import Sampler
+from tba_jax.searcher import PromptStream, Searcher
+from tba_jax.tasks import Problem
+
+PROMPTS = {0: [5, 6, 7], 1: [8, 9], 2: [10]}
+
+
+def _searcher(cfg, reward, policy_seed=1, reference_seed=0, num_prompts=2, num_samples=2):
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  place = lambda p: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
+  reference, policy = place(init_params(cfg, reference_seed)), place(init_params(cfg, policy_seed))
+  searcher = Searcher(
+      0, sampler=Sampler(cfg, max_new_tokens=6, temperature=0.8, eos_ids=(3,), mesh=mesh),
+      ref_params=reference, mailbox=weight_sync.Mailbox(3, policy),
+      stream=PromptStream(list(PROMPTS), seed=0), prompt_tokens=PROMPTS,
+      problems={i: Problem(i, f"q{i}", "", float(i)) for i in PROMPTS},
+      decode=lambda ids: " ".join(map(str, ids)), reward=reward, num_prompts=num_prompts,
+      num_samples=num_samples, max_prompt_len=4, seed=0)
+  return searcher, policy
+
+
+def test_prompt_stream_visits_every_prompt_once_per_epoch_and_resumes_exactly():
+  stream = PromptStream(range(10), seed=3)
+  first = stream.take(4) + stream.take(6)
+  assert sorted(first) == list(range(10))
+  saved = stream.state_dict()
+  ahead = stream.take(7)
+  stream.load_state_dict(saved)
+  assert stream.take(7) == ahead and sorted(ahead + stream.take(3)) == list(range(10))
+
+
+def test_the_reward_stage_scores_each_batch_once_with_all_its_rows(tiny_cfg):
+  calls = []
+
+  def stage(batch):
+    calls.append(batch)
+    return np.arange(len(batch), dtype=np.float32) / 10
+
+  searcher, _ = _searcher(tiny_cfg, stage, num_prompts=2, num_samples=3)
+  assert searcher.search_once() == 6
+  (batch,) = calls
+  entries = searcher.buffer.drain_new()
+  # Prompt-major rows: S samples of each prompt, problems and prompts matching the ids.
+  ids = [e.prompt_id for e in entries]
+  assert ids[0] == ids[1] == ids[2] and ids[3] == ids[4] == ids[5] and ids[0] != ids[3]
+  assert [p.id for p in batch.problems] == ids
+  assert [list(p) for p in batch.prompts] == [PROMPTS[i] for i in ids]
+  for r, e in enumerate(entries):
+    np.testing.assert_array_equal(batch.completions[r], e.completion)
+    assert batch.texts[r] == " ".join(map(str, e.completion))
+    assert bool(batch.ended_with_eos[r]) == e.ended_with_eos == (e.completion[-1] == 3)
+    assert e.reward == pytest.approx(r / 10) and e.version == 3
+
+
+def test_a_reward_stage_returning_the_wrong_shape_is_named(tiny_cfg):
+  searcher, _ = _searcher(tiny_cfg, lambda batch: np.zeros(len(batch) + 1))
+  with pytest.raises(ValueError, match="one reward per completion"):
+    searcher.search_once()
+
+
+def test_reference_reset_scores_later_samples_against_the_new_reference(tiny_cfg):
+  # loss.ref_reset_every calls Searcher.set_reference with the trainer's current params.
+  searcher, policy = _searcher(tiny_cfg, lambda batch: np.zeros(len(batch)))
+
+  def gap():
+    searcher.search_once()
+    entries = searcher.buffer.drain_new()
+    assert len(entries) == 4 and all(e.version == 3 for e in entries)
+    return max(np.abs(e.ref_logprobs - e.behaviour_logprobs).max() for e in entries)
+
+  assert gap() > 1e-2  # scored against the initial reference, not the sampling policy
+  searcher.set_reference(policy)
+  assert gap() < 1e-5  # the reference is now the policy that sampled
