@@ -126,8 +126,8 @@ def _edit_config(path, tmp_path, **changes):
 
 
 def test_unsupported_architecture_is_named(llama_dir, tmp_path):
-  path = _edit_config(llama_dir[1], tmp_path, model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"])
-  with pytest.raises(ValueError, match="unsupported architecture model_type='gpt_neox'"):
+  path = _edit_config(llama_dir[1], tmp_path, model_type="falcon", architectures=["FalconForCausalLM"])
+  with pytest.raises(ValueError, match="unsupported architecture model_type='falcon'"):
     hf_checkpoints.load(path)
 
 
