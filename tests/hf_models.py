@@ -75,12 +75,18 @@ MODELS = {
 PAD = {"roberta": 1}  # pad id of each model (0 for the others)
 
 
-def make_model(name: str, head: str = "lm", num_labels: int = 3, seed: int = 0):
-  """A random float32 transformers model of MODELS[name] with `head`: "lm" (causal
-  LM), "classifier" (...ForSequenceClassification) or "bare" (the backbone)."""
+def make_model(name: str, head: str = "lm", num_labels: int = 3, seed: int = 0, **overrides):
+  """A random float32 transformers model of MODELS[name] (config kwargs updated by
+  `overrides`) with `head`: "lm" (causal LM), "classifier"
+  (...ForSequenceClassification) or "bare" (the backbone).
+
+  Weights are drawn with std 0.2 rather than transformers' 0.02: outputs then
+  spread over O(1) (a 1e-4 tolerance means something) and greedy tokens depend
+  on the context (at 0.02 a tiny model repeats one token whatever the prompt)."""
   import torch
   import transformers
   cls_name, kw = MODELS[name]
+  kw = {**kw, "initializer_range": 0.2, **overrides}
   config = getattr(transformers, cls_name)(**kw, num_labels=num_labels)
   auto = {"lm": transformers.AutoModelForCausalLM, "bare": transformers.AutoModel,
           "classifier": transformers.AutoModelForSequenceClassification}[head]
