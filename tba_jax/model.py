@@ -268,10 +268,14 @@ class KVCache:
 # ---------------------------------------------------------------------------
 # Functional API over plain parameter dicts.
 # ---------------------------------------------------------------------------
+def _module(cfg: ModelConfig | EncoderConfig, seed: int):
+  return (encoder_lib.Encoder if isinstance(cfg, EncoderConfig) else Transformer)(
+      cfg, rngs=nnx.Rngs(seed))
+
+
 @functools.lru_cache(maxsize=None)
 def _graphdef_and_shapes(cfg: ModelConfig | EncoderConfig):
-  module = encoder_lib.Encoder if isinstance(cfg, EncoderConfig) else Transformer
-  graphdef, state = nnx.split(nnx.eval_shape(lambda: module(cfg, rngs=nnx.Rngs(0))))
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: _module(cfg, 0)))
   return graphdef, nnx.to_pure_dict(state)
 
 
@@ -291,8 +295,7 @@ def count_params(cfg: ModelConfig | EncoderConfig) -> int:
 
 def init_params(cfg: ModelConfig | EncoderConfig, seed: int = 0, shardings=None) -> Params:
   """Random parameters, created directly in `shardings` (a matching pytree)."""
-  module = encoder_lib.Encoder if isinstance(cfg, EncoderConfig) else Transformer
-  init = lambda: nnx.to_pure_dict(nnx.split(module(cfg, rngs=nnx.Rngs(seed)))[1])
+  init = lambda: nnx.to_pure_dict(nnx.split(_module(cfg, seed))[1])
   return jax.jit(init, out_shardings=shardings)()
 
 
@@ -311,11 +314,18 @@ def unembed(cfg: ModelConfig, params: Params, hidden) -> jax.Array:
   return bind(cfg, params).unembed(hidden)
 
 
+def _hidden(cfg, params, tokens, attention_mask):
+  """(bound module, last hidden states [B,T,D]) of a decoder or an encoder."""
+  module = bind(cfg, params)
+  if isinstance(cfg, EncoderConfig):
+    return module, module(tokens, attention_mask)
+  return module, module(tokens, positions_from_mask(attention_mask), attention_mask)[0]
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _logits(cfg, params, tokens, attention_mask):
-  model = bind(cfg, params)
-  hidden, _ = model(tokens, positions_from_mask(attention_mask), attention_mask)
-  return model.unembed(hidden)
+  module, hidden = _hidden(cfg, params, tokens, attention_mask)
+  return module.unembed(hidden)
 
 
 def _inputs(tokens, attention_mask):
@@ -331,14 +341,6 @@ def logits(model_config: ModelConfig, params: Params, tokens, attention_mask=Non
     raise ValueError(f"a {model_config.model_type} encoder has no LM head: use model.scores "
                      "or model.embed")
   return _logits(model_config, params, *_inputs(tokens, attention_mask))
-
-
-def _hidden(cfg, params, tokens, attention_mask):
-  """(bound module, last hidden states [B,T,D]) of a decoder or an encoder."""
-  module = bind(cfg, params)
-  if isinstance(cfg, EncoderConfig):
-    return module, module(tokens, attention_mask)
-  return module, module(tokens, positions_from_mask(attention_mask), attention_mask)[0]
 
 
 @functools.partial(jax.jit, static_argnums=0)
