@@ -17,11 +17,11 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from accelerator import _median_seconds  # noqa: E402  (benchmarks/accelerator.py's timer)
 
 
 def _smollm2():
@@ -56,15 +56,6 @@ def _random(name):
     hf.save_pretrained(d)
     cfg, params = hf_checkpoints.load(d)
   return label, cfg, params, hf
-
-
-def _median_seconds(fn, repeats):
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
 
 
 def main():

@@ -7,16 +7,17 @@ not; pytorch_model.bin through torch's weights-only loader), hub ids, GGUF.
 
 Every source is read through the Hugging Face tensor names (`model.layers.3.
 self_attn.q_proj.weight`, torch layout [out, in]; per architecture in
-hf_layouts.py); a GGUF file is adapted to those names (dequantised, llama.cpp's
-q/k row permutation undone). Each of our
-parameters is assembled on the host one leaf at a time and placed straight onto
-its target sharding, so a model larger than one device loads onto a mesh.
+hf_layouts.py); a GGUF file is adapted to those names (gguf_weights.py). Each
+of our parameters is assembled on the host one leaf at a time and placed
+straight onto its target sharding, so a model larger than one device loads onto
+a mesh.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import zipfile
 from typing import Callable
 
 import jax
@@ -138,9 +139,6 @@ class _Safetensors:
     return self.handles[self.weight_map[name]].get_tensor(name)
 
 
-CONVERT_COMMAND = "python -m tba_jax.hf_checkpoints convert {directory}"
-
-
 class _TorchBin:
   """Reads pytorch_model.bin (or the shards of pytorch_model.bin.index.json) with
   torch's weights-only loader: tensors and plain containers only; the file
@@ -160,13 +158,15 @@ class _TorchBin:
       raise ImportError(
           f"{os.path.join(directory, files[0])}: a pytorch_model.bin checkpoint needs torch to "
           "be read safely (torch.load(weights_only=True)); pip install torch, or convert it once "
-          "to safetensors where torch is installed: "
-          + CONVERT_COMMAND.format(directory=directory)) from None
+          f"to safetensors where torch is installed: python -m tba_jax.hf_checkpoints convert "
+          f"{directory}") from None
     self.torch, self.directory, self.tensors = torch, directory, {}
     for f in files:
       path = os.path.join(directory, f)
       try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        # Zip-format files (torch >= 1.6) are memory-mapped; older ones read whole.
+        state = torch.load(path, map_location="cpu", weights_only=True,
+                           mmap=zipfile.is_zipfile(path))
       except Exception as e:  # refused objects (UnpicklingError), a corrupt file, ...
         raise ValueError(f"{path}: not a plain tensor checkpoint, refused by torch's weights-only "
                          f"loader ({type(e).__name__}: {str(e).splitlines()[0]})") from None

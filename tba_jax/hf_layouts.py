@@ -49,16 +49,17 @@ def _rope(c: dict) -> tuple[float, RopeScaling | None, float]:
   scaling.update({k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")})
   kind = scaling.get("rope_type", scaling.get("type", "default"))
   if kind == "default":
-    return float(theta), None, float(fraction)
-  if kind == "llama3":
-    return float(theta), RopeScaling(
+    rope_scaling = None
+  elif kind == "llama3":
+    rope_scaling = RopeScaling(
         "llama3", float(scaling["factor"]), float(scaling["low_freq_factor"]),
-        float(scaling["high_freq_factor"]), int(scaling["original_max_position_embeddings"])), \
-        float(fraction)
-  if kind == "linear":
-    return float(theta), RopeScaling("linear", float(scaling["factor"])), float(fraction)
-  raise ValueError(f"config.json: unsupported rope scaling type {kind!r} "
-                   "(supported: default, llama3, linear)")
+        float(scaling["high_freq_factor"]), int(scaling["original_max_position_embeddings"]))
+  elif kind == "linear":
+    rope_scaling = RopeScaling("linear", float(scaling["factor"]))
+  else:
+    raise ValueError(f"config.json: unsupported rope scaling type {kind!r} "
+                     "(supported: default, llama3, linear)")
+  return float(theta), rope_scaling, float(fraction)
 
 
 def _head(c: dict, model_type: str) -> str:

@@ -26,17 +26,27 @@ class RopeScaling:
   original_max_position_embeddings: int = 8192
 
 
-def _check_common(cfg) -> None:
-  if cfg.dtype not in ("float32", "bfloat16"):
-    raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {cfg.dtype!r}")
-  if cfg.activation not in ACTIVATIONS:
-    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {cfg.activation!r}")
-  if cfg.num_labels < 0:
-    raise ValueError(f"num_labels={cfg.num_labels} must be >= 0 (0: no classification head)")
+class _Config:
+  """What both configs share: checks of the common fields, replace, the jnp dtype."""
+
+  def _check_common(self) -> None:
+    if self.dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+    if self.activation not in ACTIVATIONS:
+      raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+    if self.num_labels < 0:
+      raise ValueError(f"num_labels={self.num_labels} must be >= 0 (0: no classification head)")
+
+  def replace(self, **kw):
+    return dataclasses.replace(self, **kw)
+
+  @property
+  def jnp_dtype(self):
+    return jnp.dtype(self.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(_Config):
   """Architecture of a decoder-only transformer. The defaults are the Llama family;
   GPT-NeoX sets norm="layer", parallel_residual, rotary_fraction=0.25,
   activation="gelu", gated_mlp=False, qkv_bias and bias; GPT-2 the same but
@@ -69,7 +79,7 @@ class ModelConfig:
   pad_token_id: int | None = None  # without a mask, scores() read at the last non-pad token
 
   def __post_init__(self):
-    _check_common(self)
+    self._check_common()
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
                        f"num_kv_heads={self.num_kv_heads}")
@@ -82,13 +92,6 @@ class ModelConfig:
       raise ValueError(f"head_dim={self.head_dim} x rotary_fraction={self.rotary_fraction} = "
                        f"{self.rotary_dim} rotary dims; rotary embeddings need a positive even count")
 
-  def replace(self, **kw) -> ModelConfig:
-    return dataclasses.replace(self, **kw)
-
-  @property
-  def jnp_dtype(self):
-    return jnp.dtype(self.dtype)
-
   @property
   def rotary_dim(self) -> int:
     """Rotated dims per head, truncated as HF truncates them."""
@@ -96,7 +99,7 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class EncoderConfig:
+class EncoderConfig(_Config):
   """A BERT / RoBERTa encoder: post-LayerNorm blocks, bidirectional attention,
   word + learned absolute position + token-type embeddings, biases everywhere."""
   vocab_size: int
@@ -117,16 +120,9 @@ class EncoderConfig:
   model_type: str = "bert"  # "bert" or "roberta"
 
   def __post_init__(self):
-    _check_common(self)
+    self._check_common()
     if self.dim % self.num_heads:
       raise ValueError(f"dim={self.dim} is not a multiple of num_heads={self.num_heads}")
-
-  def replace(self, **kw) -> EncoderConfig:
-    return dataclasses.replace(self, **kw)
-
-  @property
-  def jnp_dtype(self):
-    return jnp.dtype(self.dtype)
 
   @property
   def head_dim(self) -> int:

@@ -223,3 +223,16 @@ def test_eval_shape_counts_pythia_160m_and_gpt2_small_params():
                      qkv_bias=True, bias=True, tie_embeddings=True, model_type="gpt2")
   assert model.count_params(pythia) == 162_322_944  # EleutherAI's published total
   assert model.count_params(gpt2) == 124_439_808  # transformers' GPT2LMHeadModel count
+
+
+@pytest.mark.parametrize("name", ["gpt_neox", "gpt2"])
+def test_bfloat16_layer_norm_models_stay_close_to_float32(name, tmp_path_factory):
+  _, path = _load(name, "lm", tmp_path_factory)
+  cfg, params = hf_checkpoints.load(path, dtype="bfloat16")
+  ref_cfg, ref = hf_checkpoints.load(path)
+  assert params["layers"]["attn_norm"]["bias"].dtype == jnp.bfloat16
+  tokens = np.array([[3, 4, 5, 6, 7]])
+  out = model.logits(cfg, params, tokens)
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(out), np.asarray(model.logits(ref_cfg, ref, tokens)),
+                             atol=0.15)
