@@ -27,7 +27,7 @@ import numpy as np
 from tba_jax import hf_layouts
 from tba_jax import model as model_lib
 from tba_jax.gguf_weights import GGUFWeights
-from tba_jax.hf_layouts import SUPPORTED_MODEL_TYPES, config_from_hf, config_to_hf  # noqa: F401
+from tba_jax.hf_layouts import config_from_hf, config_to_hf  # noqa: F401 (config_to_hf: public here too)
 from tba_jax.model import EncoderConfig, ModelConfig, Params
 
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}

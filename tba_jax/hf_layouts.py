@@ -14,11 +14,6 @@ import numpy as np
 
 from tba_jax.model_config import EncoderConfig, ModelConfig, RopeScaling
 
-LLAMA_TYPES = ("llama", "mistral", "qwen2")
-DECODER_TYPES = LLAMA_TYPES + ("gpt_neox", "gpt2")
-ENCODER_TYPES = ("bert", "roberta")
-SUPPORTED_MODEL_TYPES = DECODER_TYPES + ENCODER_TYPES
-
 # model_type -> (config class, LM or bare class, classification class, backbone prefix).
 _HF = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", "LlamaForSequenceClassification", "model."),
@@ -30,6 +25,8 @@ _HF = {
     "bert": ("BertConfig", "BertModel", "BertForSequenceClassification", "bert."),
     "roberta": ("RobertaConfig", "RobertaModel", "RobertaForSequenceClassification", "roberta."),
 }
+SUPPORTED_MODEL_TYPES = tuple(_HF)
+ENCODER_TYPES = ("bert", "roberta")
 _ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
                 "gelu_pytorch_tanh": "gelu_tanh"}
 
