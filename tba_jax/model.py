@@ -1,9 +1,13 @@
-"""Decoder-only transformer: Llama 1/2/3, TinyLlama/RhoMath, SmolLM2, Mistral, Qwen2/2.5.
+"""Decoder-only transformer: Llama 1/2/3, TinyLlama/RhoMath, SmolLM2, Mistral,
+Qwen2/2.5, GPT-NeoX (Pythia) and GPT-2, with an LM head or a sequence-classification
+head (reward models); `scores` and `embed` also dispatch to the encoders (encoder.py).
 
-One implementation, matching Hugging Face transformers to float32 round-off:
-RMSNorm, rotary embeddings in the rotate-half convention (with llama3 / linear
-frequency scaling), grouped-query attention (optional q/k/v bias for Qwen2),
-SwiGLU MLP, tied or untied output embedding.
+One implementation, matching Hugging Face transformers to float32 round-off; the
+architectures differ only by ModelConfig switches: RMSNorm or LayerNorm, rotary
+embeddings in the rotate-half convention (llama3 / linear scaling; on a leading
+fraction of each head for GPT-NeoX) or learned absolute positions (GPT-2),
+grouped-query attention, optional biases, SwiGLU or plain GELU MLP, sequential or
+parallel residual (GPT-NeoX), tied or untied output embedding.
 
 The training forward and the cached decode step are one code path: a forward
 over T new tokens writes their keys/values at slots [index, index + T) of a
@@ -18,7 +22,7 @@ sync, checkpoints and resharding are ordinary pytree operations.
 Einsum axis legend:
   B batch, T query length, S key/value length (cache slots), N query heads,
   K key/value heads, G query heads per kv head (N = K * G), H head dim,
-  D model dim, F mlp dim, V vocab, L layers.
+  D model dim, F mlp dim, V vocab, C labels, L layers.
 """
 from __future__ import annotations
 
@@ -29,140 +33,48 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
+from tba_jax import encoder as encoder_lib
+from tba_jax.layers import (ACTIVATION_FNS, Norm, apply_rope, mean_pool_normalized, param, project,
+                            rope_inv_freq)
+from tba_jax.model_config import EncoderConfig, ModelConfig, RopeScaling  # noqa: F401 (re-exported)
+
 Params = dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class RopeScaling:
-  """Rotary frequency scaling. `kind` is "llama3" or "linear" (HF rope_type)."""
-  kind: str
-  factor: float
-  low_freq_factor: float = 1.0
-  high_freq_factor: float = 4.0
-  original_max_position_embeddings: int = 8192
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """Architecture of a decoder-only transformer (hashable: a jit static arg)."""
-  vocab_size: int
-  dim: int
-  mlp_dim: int
-  num_layers: int
-  num_heads: int
-  num_kv_heads: int
-  head_dim: int
-  rms_norm_eps: float = 1e-5
-  rope_theta: float = 10000.0
-  rope_scaling: RopeScaling | None = None
-  qkv_bias: bool = False  # Qwen2
-  tie_embeddings: bool = False
-  max_position_embeddings: int = 2048
-  dtype: str = "float32"  # parameter and activation dtype; logits are float32
-  model_type: str = "llama"  # the HF model_type written on export
-  bos_token_id: int | None = None
-  eos_token_id: int | None = None
-
-  def __post_init__(self):
-    if self.num_heads % self.num_kv_heads:
-      raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
-                       f"num_kv_heads={self.num_kv_heads}")
-    if self.head_dim % 2:
-      raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
-    if self.dtype not in ("float32", "bfloat16"):
-      raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
-
-  def replace(self, **kw) -> ModelConfig:
-    return dataclasses.replace(self, **kw)
-
-  @property
-  def jnp_dtype(self):
-    return jnp.dtype(self.dtype)
-
-
-# ---------------------------------------------------------------------------
-# Rotary embeddings (HF rotate-half convention).
-# ---------------------------------------------------------------------------
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-  """Inverse frequencies [H/2], float32, as HF computes them (incl. scaling)."""
-  h = cfg.head_dim
-  inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, h, 2, dtype=np.int64).astype(np.float32) / h))
-  s = cfg.rope_scaling
-  if s is None:
-    return inv_freq.astype(np.float32)
-  if s.kind == "linear":
-    return (inv_freq / s.factor).astype(np.float32)
-  if s.kind == "llama3":
-    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = np.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return np.where(is_medium, smoothed, scaled).astype(np.float32)
-  raise ValueError(f"unsupported rope scaling kind {s.kind!r} (supported: llama3, linear)")
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-  """x [B,T,N,H] rotated by positions [B,T]; angles in float32 like HF."""
-  freqs = positions[..., None].astype(jnp.float32) * inv_freq  # [B,T,H/2]
-  emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B,T,1,H]
-  cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
-  x1, x2 = jnp.split(x, 2, axis=-1)
-  rotated = jnp.concatenate([-x2, x1], axis=-1)
-  return x * cos + rotated * sin
 
 
 # ---------------------------------------------------------------------------
 # Modules.
 # ---------------------------------------------------------------------------
-def _param(rngs: nnx.Rngs, shape, dtype, fan_in: int | None = None, value: float | None = None):
-  if value is not None:
-    return nnx.Param(jnp.full(shape, value, dtype))
-  std = 0.02 if fan_in is None else 1.0 / math.sqrt(fan_in)
-  return nnx.Param((std * jax.random.normal(rngs.params(), shape)).astype(dtype))
-
-
-class RMSNorm(nnx.Module):
-
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    self.scale = _param(rngs, (cfg.dim,), cfg.jnp_dtype, value=1.0)
-    self.eps = cfg.rms_norm_eps
-
-  def __call__(self, x):
-    # Normalise in float32, cast back, then scale (HF LlamaRMSNorm order).
-    x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return self.scale[...] * x32.astype(x.dtype)
+def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> Norm:
+  return Norm(cfg.dim, cfg.norm, cfg.norm_eps, cfg.jnp_dtype, rngs)
 
 
 class Attention(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     d, n, k, h, dt = cfg.dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.jnp_dtype
-    self.q = _param(rngs, (d, n, h), dt, fan_in=d)
-    self.k = _param(rngs, (d, k, h), dt, fan_in=d)
-    self.v = _param(rngs, (d, k, h), dt, fan_in=d)
-    self.o = _param(rngs, (n, h, d), dt, fan_in=n * h)
+    self.q = param(rngs, (d, n, h), dt, fan_in=d)
+    self.k = param(rngs, (d, k, h), dt, fan_in=d)
+    self.v = param(rngs, (d, k, h), dt, fan_in=d)
+    self.o = param(rngs, (n, h, d), dt, fan_in=n * h)
     if cfg.qkv_bias:
-      self.q_bias = _param(rngs, (n, h), dt)
-      self.k_bias = _param(rngs, (k, h), dt)
-      self.v_bias = _param(rngs, (k, h), dt)
+      self.q_bias = param(rngs, (n, h), dt)
+      self.k_bias = param(rngs, (k, h), dt)
+      self.v_bias = param(rngs, (k, h), dt)
+    if cfg.bias:
+      self.o_bias = param(rngs, (d,), dt)
     self.cfg = cfg
 
   def __call__(self, x, positions, mask, kv, index):
     """x [B,T,D]; mask [B,T,S]; kv = None, or (k, v, layer): the stacked cache
     buffers [L,B,K,S,H] and this layer's index into them."""
-    q, k, v = _project(x, self.q[...], self.k[...], self.v[...])  # [B,T,N,H], [B,T,K,H] x 2
+    q, k, v = project(x, self.q[...], self.k[...], self.v[...])  # [B,T,N,H], [B,T,K,H] x 2
     if self.cfg.qkv_bias:
       q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-    inv_freq = rope_inv_freq(self.cfg)
-    q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+    if self.cfg.position_embedding == "rope":
+      inv_freq = rope_inv_freq(self.cfg)
+      q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
     if kv is not None:
       # Write only the T new keys/values, in place, at [layer, :, index] of the
       # stacked buffers, then read this layer's slots back. Carrying the whole
@@ -180,23 +92,8 @@ class Attention(nnx.Module):
     else:
       # XLA's reference attention on CPU (exact); cuDNN/TPU kernels elsewhere.
       out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
-    return jnp.einsum("BTNH,NHD->BTD", out, self.o[...]), kv
-
-
-def _project(x, *kernels):
-  """x [B,T,D] times each kernel [D, ...] -> [B,T, ...] each.
-
-  Over many tokens (training, prefill) one matmul against the concatenated
-  kernels: the wider matmul runs ~10% faster on CPU for q/k/v and gate/up, and
-  the weight copy is small next to the work. For one decode token the copy
-  would dominate, so separate matmuls. Same arithmetic either way.
-  """
-  if x.shape[1] == 1:
-    return [jnp.einsum("BTD,D...->BT...", x, w) for w in kernels]
-  flat = [w.reshape(w.shape[0], -1) for w in kernels]
-  out = jnp.einsum("BTD,DE->BTE", x, jnp.concatenate(flat, axis=1))
-  parts = jnp.split(out, np.cumsum([f.shape[1] for f in flat])[:-1], axis=-1)
-  return [p.reshape(*x.shape[:2], *w.shape[1:]) for p, w in zip(parts, kernels)]
+    out = jnp.einsum("BTNH,NHD->BTD", out, self.o[...])
+    return (out + self.o_bias[...] if self.cfg.bias else out), kv
 
 
 def _cached_attention(q, k, v, mask):
@@ -218,29 +115,48 @@ def _cached_attention(q, k, v, mask):
 
 
 class MLP(nnx.Module):
+  """down(act(gate x) * up x) when gated (SwiGLU), else down(act(up x))."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     d, f, dt = cfg.dim, cfg.mlp_dim, cfg.jnp_dtype
-    self.gate = _param(rngs, (d, f), dt, fan_in=d)
-    self.up = _param(rngs, (d, f), dt, fan_in=d)
-    self.down = _param(rngs, (f, d), dt, fan_in=f)
+    if cfg.gated_mlp:
+      self.gate = param(rngs, (d, f), dt, fan_in=d)
+    self.up = param(rngs, (d, f), dt, fan_in=d)
+    self.down = param(rngs, (f, d), dt, fan_in=f)
+    if cfg.bias:
+      if cfg.gated_mlp:
+        self.gate_bias = param(rngs, (f,), dt)
+      self.up_bias = param(rngs, (f,), dt)
+      self.down_bias = param(rngs, (d,), dt)
+    self.cfg = cfg
 
   def __call__(self, x):
-    gate, up = _project(x, self.gate[...], self.up[...])  # [B,T,F] x 2
-    gate = jax.nn.silu(gate)
-    return jnp.einsum("BTF,FD->BTD", gate * up, self.down[...])
+    cfg, act = self.cfg, ACTIVATION_FNS[self.cfg.activation]
+    if cfg.gated_mlp:
+      gate, up = project(x, self.gate[...], self.up[...])  # [B,T,F] x 2
+      if cfg.bias:
+        gate, up = gate + self.gate_bias[...], up + self.up_bias[...]
+      h = act(gate) * up
+    else:
+      up = jnp.einsum("BTD,DF->BTF", x, self.up[...])
+      h = act(up + self.up_bias[...] if cfg.bias else up)
+    out = jnp.einsum("BTF,FD->BTD", h, self.down[...])
+    return out + self.down_bias[...] if cfg.bias else out
 
 
 class Block(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    self.attn_norm = RMSNorm(cfg, rngs)
+    self.attn_norm = _norm(cfg, rngs)
     self.attn = Attention(cfg, rngs)
-    self.mlp_norm = RMSNorm(cfg, rngs)
+    self.mlp_norm = _norm(cfg, rngs)
     self.mlp = MLP(cfg, rngs)
+    self.parallel = cfg.parallel_residual
 
   def __call__(self, x, positions, mask, kv, index):
     h, kv = self.attn(self.attn_norm(x), positions, mask, kv, index)
+    if self.parallel:  # both branches read the block's input (GPT-NeoX)
+      return x + h + self.mlp(self.mlp_norm(x)), kv
     x = x + h
     return x + self.mlp(self.mlp_norm(x)), kv
 
@@ -249,7 +165,9 @@ class Transformer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.embed = _param(rngs, (cfg.vocab_size, cfg.dim), cfg.jnp_dtype)
+    self.embed = param(rngs, (cfg.vocab_size, cfg.dim), cfg.jnp_dtype)
+    if cfg.position_embedding == "learned":
+      self.pos_embed = param(rngs, (cfg.max_position_embeddings, cfg.dim), cfg.jnp_dtype)
 
     @nnx.split_rngs(splits=cfg.num_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -257,9 +175,11 @@ class Transformer(nnx.Module):
       return Block(cfg, rngs)
 
     self.layers = make_layers(rngs)
-    self.final_norm = RMSNorm(cfg, rngs)
-    if not cfg.tie_embeddings:
-      self.lm_head = _param(rngs, (cfg.dim, cfg.vocab_size), cfg.jnp_dtype, fan_in=cfg.dim)
+    self.final_norm = _norm(cfg, rngs)
+    if cfg.num_labels:  # a sequence-classification model has no LM head
+      self.score = param(rngs, (cfg.dim, cfg.num_labels), cfg.jnp_dtype, fan_in=cfg.dim)
+    elif not cfg.tie_embeddings:
+      self.lm_head = param(rngs, (cfg.dim, cfg.vocab_size), cfg.jnp_dtype, fan_in=cfg.dim)
 
   def __call__(self, tokens, positions, token_mask, cache: KVCache | None = None,
                remat: bool = False):
@@ -282,6 +202,8 @@ class Transformer(nnx.Module):
     mask = ((k_slot <= q_slot)[None] & kv_mask[:, None, :]) | (k_slot == q_slot)[None]
 
     x = self.embed[...][tokens]
+    if self.cfg.position_embedding == "learned":
+      x = x + self.pos_embed[...][positions]
 
     def layer(carry, block):
       x, kv = carry
@@ -300,11 +222,23 @@ class Transformer(nnx.Module):
 
   def unembed(self, hidden):
     """Float32 logits [..., V] from final hidden states."""
+    if self.cfg.num_labels:
+      raise ValueError(f"this {self.cfg.model_type} checkpoint is a sequence-classification "
+                       f"model (num_labels={self.cfg.num_labels}) without an LM head: use "
+                       "model.scores, not logits or the sampler")
     if self.cfg.tie_embeddings:
       return jnp.einsum("...D,VD->...V", hidden, self.embed[...],
                         preferred_element_type=jnp.float32)
     return jnp.einsum("...D,DV->...V", hidden, self.lm_head[...],
                       preferred_element_type=jnp.float32)
+
+  def classify(self, hidden, read_mask):
+    """Float32 scores [B,C] read at each row's rightmost token with read_mask
+    [B,T] = 1 (index 0 when none), found the way transformers'
+    ...ForSequenceClassification finds its last non-pad token."""
+    last = jnp.argmax(jnp.arange(hidden.shape[1]) * read_mask, axis=-1)
+    h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]  # [B,D]
+    return jnp.einsum("BD,DC->BC", h, self.score[...], preferred_element_type=jnp.float32)
 
 
 # ---------------------------------------------------------------------------
@@ -334,29 +268,34 @@ class KVCache:
 # ---------------------------------------------------------------------------
 # Functional API over plain parameter dicts.
 # ---------------------------------------------------------------------------
+def _module(cfg: ModelConfig | EncoderConfig, seed: int):
+  return (encoder_lib.Encoder if isinstance(cfg, EncoderConfig) else Transformer)(
+      cfg, rngs=nnx.Rngs(seed))
+
+
 @functools.lru_cache(maxsize=None)
-def _graphdef_and_shapes(cfg: ModelConfig):
-  graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+def _graphdef_and_shapes(cfg: ModelConfig | EncoderConfig):
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: _module(cfg, 0)))
   return graphdef, nnx.to_pure_dict(state)
 
 
-def bind(cfg: ModelConfig, params: Params) -> Transformer:
+def bind(cfg: ModelConfig | EncoderConfig, params: Params):
   """The module for `params` (call inside jitted functions)."""
   return nnx.merge(_graphdef_and_shapes(cfg)[0], params)
 
 
-def param_shapes(cfg: ModelConfig) -> Params:
+def param_shapes(cfg: ModelConfig | EncoderConfig) -> Params:
   """ShapeDtypeStructs of all parameters, without allocating anything."""
   return _graphdef_and_shapes(cfg)[1]
 
 
-def count_params(cfg: ModelConfig) -> int:
+def count_params(cfg: ModelConfig | EncoderConfig) -> int:
   return sum(math.prod(x.shape) for x in jax.tree.leaves(param_shapes(cfg)))
 
 
-def init_params(cfg: ModelConfig, seed: int = 0, shardings=None) -> Params:
+def init_params(cfg: ModelConfig | EncoderConfig, seed: int = 0, shardings=None) -> Params:
   """Random parameters, created directly in `shardings` (a matching pytree)."""
-  init = lambda: nnx.to_pure_dict(nnx.split(Transformer(cfg, rngs=nnx.Rngs(seed)))[1])
+  init = lambda: nnx.to_pure_dict(nnx.split(_module(cfg, seed))[1])
   return jax.jit(init, out_shardings=shardings)()
 
 
@@ -375,16 +314,72 @@ def unembed(cfg: ModelConfig, params: Params, hidden) -> jax.Array:
   return bind(cfg, params).unembed(hidden)
 
 
+def _hidden(cfg, params, tokens, attention_mask):
+  """(bound module, last hidden states [B,T,D]) of a decoder or an encoder."""
+  module = bind(cfg, params)
+  if isinstance(cfg, EncoderConfig):
+    return module, module(tokens, attention_mask)
+  return module, module(tokens, positions_from_mask(attention_mask), attention_mask)[0]
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _logits(cfg, params, tokens, attention_mask):
-  model = bind(cfg, params)
-  hidden, _ = model(tokens, positions_from_mask(attention_mask), attention_mask)
-  return model.unembed(hidden)
+  module, hidden = _hidden(cfg, params, tokens, attention_mask)
+  return module.unembed(hidden)
+
+
+def _inputs(tokens, attention_mask):
+  tokens = jnp.asarray(tokens, jnp.int32)
+  if attention_mask is None:
+    attention_mask = jnp.ones_like(tokens)
+  return tokens, jnp.asarray(attention_mask, jnp.int32)
 
 
 def logits(model_config: ModelConfig, params: Params, tokens, attention_mask=None) -> jax.Array:
   """Float32 logits [B,T,V] for int tokens [B,T]; mask 1 = real (left padding ok)."""
-  tokens = jnp.asarray(tokens, jnp.int32)
-  if attention_mask is None:
-    attention_mask = jnp.ones_like(tokens)
-  return _logits(model_config, params, tokens, jnp.asarray(attention_mask, jnp.int32))
+  if isinstance(model_config, EncoderConfig):
+    raise ValueError(f"a {model_config.model_type} encoder has no LM head: use model.scores "
+                     "or model.embed")
+  return _logits(model_config, params, *_inputs(tokens, attention_mask))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _scores(cfg, params, tokens, attention_mask, read_mask):
+  module, hidden = _hidden(cfg, params, tokens, attention_mask)
+  if isinstance(cfg, EncoderConfig):
+    return module.classify(hidden)
+  return module.classify(hidden, read_mask)
+
+
+def scores(cfg: ModelConfig | EncoderConfig, params: Params, tokens,
+           attention_mask=None) -> jax.Array:
+  """Float32 [B, num_labels]: what transformers' ...ForSequenceClassification
+  returns as `.logits`, for int tokens [B,T] and mask [B,T] (1 = real token).
+
+  Decoders read the score at each row's last real token (left or right padding;
+  positions count real tokens only, as in TRL's reward forward). Without a mask
+  every token is attended and, as transformers does, the score is read at the
+  last token that is not `cfg.pad_token_id`. Encoders read their head at token 0.
+  """
+  if not cfg.num_labels:
+    raise ValueError(f"this {cfg.model_type} checkpoint has no sequence-classification head "
+                     "(num_labels=0): load a ...ForSequenceClassification checkpoint")
+  given = attention_mask is not None
+  tokens, attention_mask = _inputs(tokens, attention_mask)
+  if given or isinstance(cfg, EncoderConfig) or cfg.pad_token_id is None:
+    read_mask = attention_mask
+  else:
+    read_mask = (tokens != cfg.pad_token_id).astype(jnp.int32)
+  return _scores(cfg, params, tokens, attention_mask, read_mask)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _embed(cfg, params, tokens, attention_mask):
+  return mean_pool_normalized(_hidden(cfg, params, tokens, attention_mask)[1], attention_mask)
+
+
+def embed(cfg: ModelConfig | EncoderConfig, params: Params, tokens,
+          attention_mask=None) -> jax.Array:
+  """Float32 [B, D]: the last hidden states averaged over the real tokens (mask 1)
+  and L2-normalised (sentence-transformers' mean pooling, e.g. all-MiniLM-L6-v2)."""
+  return _embed(cfg, params, *_inputs(tokens, attention_mask))

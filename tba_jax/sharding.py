@@ -20,15 +20,28 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from tba_jax.model import ModelConfig, param_shapes
+from tba_jax.model import EncoderConfig, ModelConfig, param_shapes
 
-# Dimension names of each parameter (stacked layers lead with L).
+# Dimension names of each parameter (stacked layers lead with L; P rows of a
+# position / token-type table and C labels are never sharded). Decoders
+# (model.py) and encoders (encoder.py) share the names.
 _DIMS = {
     "embed": "VD",
+    "pos_embed": "PD",
+    "type_embed": "PD",
+    "embed_norm/scale": "D",
+    "embed_norm/bias": "D",
     "lm_head": "DV",
+    "score": "DC",
+    "score_bias": "C",
+    "pooler": "DE",  # E: a second model dim (not sharded)
+    "pooler_bias": "D",
     "final_norm/scale": "D",
+    "final_norm/bias": "D",
     "layers/attn_norm/scale": "LD",
+    "layers/attn_norm/bias": "LD",
     "layers/mlp_norm/scale": "LD",
+    "layers/mlp_norm/bias": "LD",
     "layers/attn/q": "LDNH",
     "layers/attn/k": "LDKH",
     "layers/attn/v": "LDKH",
@@ -36,9 +49,13 @@ _DIMS = {
     "layers/attn/q_bias": "LNH",
     "layers/attn/k_bias": "LKH",
     "layers/attn/v_bias": "LKH",
+    "layers/attn/o_bias": "LD",
     "layers/mlp/gate": "LDF",
     "layers/mlp/up": "LDF",
     "layers/mlp/down": "LFD",
+    "layers/mlp/gate_bias": "LF",
+    "layers/mlp/up_bias": "LF",
+    "layers/mlp/down_bias": "LD",
 }
 
 # Which mesh axis each named dimension goes to, per role: FSDP shards the
@@ -89,13 +106,13 @@ def param_spec(role: str, name: str, shape: tuple[int, ...], mesh: Mesh) -> P:
   return P(*axes)
 
 
-def param_specs(cfg: ModelConfig, role: str, mesh: Mesh):
+def param_specs(cfg: ModelConfig | EncoderConfig, role: str, mesh: Mesh):
   """PartitionSpec pytree matching the parameter dict of `cfg`."""
   return jax.tree_util.tree_map_with_path(
       lambda path, x: param_spec(role, _path(path), x.shape, mesh), param_shapes(cfg))
 
 
-def param_shardings(cfg: ModelConfig, role: str, mesh: Mesh):
+def param_shardings(cfg: ModelConfig | EncoderConfig, role: str, mesh: Mesh):
   return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(cfg, role, mesh))
 
 

@@ -136,7 +136,7 @@ def from_gguf(path: str, add_bos: str = "auto") -> Tokenizer:
   import transformers
   from tokenizers import Regex, Tokenizer as RawTokenizer, decoders, models, pre_tokenizers
 
-  from tba_jax.hf_checkpoints import gguf_reader
+  from tba_jax.gguf_weights import gguf_reader
   reader = gguf_reader(path)
   field = lambda k, d=None: reader.fields[k].contents() if k in reader.fields else d
   kind = field("tokenizer.ggml.model")

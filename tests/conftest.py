@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 from tba_jax.model import ModelConfig  # noqa: E402
 
 TINY_LLAMA = ModelConfig(vocab_size=128, dim=64, mlp_dim=128, num_layers=2, num_heads=4,
-                         num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6)
+                         num_kv_heads=2, head_dim=16, norm_eps=1e-6)
 
 
 @pytest.fixture

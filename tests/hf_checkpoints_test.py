@@ -1,4 +1,5 @@
-"""Checkpoint I/O: safetensors round trip, GGUF, sharded placement, bad inputs."""
+"""Checkpoint I/O: safetensors round trip, GGUF, pytorch_model.bin, sharded placement,
+name variants, bad inputs."""
 import json
 import os
 
@@ -6,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from hf_models import hf_logits, left_padded_batch, make_hf_model
+from hf_models import hf_logits, hf_scores, left_padded_batch, make_hf_model, make_model, padded_batch
 from tba_jax import hf_checkpoints, model, sharding
 
 
@@ -126,8 +127,8 @@ def _edit_config(path, tmp_path, **changes):
 
 
 def test_unsupported_architecture_is_named(llama_dir, tmp_path):
-  path = _edit_config(llama_dir[1], tmp_path, model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"])
-  with pytest.raises(ValueError, match="unsupported architecture model_type='gpt_neox'"):
+  path = _edit_config(llama_dir[1], tmp_path, model_type="falcon", architectures=["FalconForCausalLM"])
+  with pytest.raises(ValueError, match="unsupported architecture model_type='falcon'"):
     hf_checkpoints.load(path)
 
 
@@ -178,3 +179,172 @@ def test_real_smollm2_gguf_matches_transformers_gguf_loading():
   with torch.no_grad():
     want = ref(torch.tensor([ids])).logits.numpy()
   np.testing.assert_allclose(ours, want, atol=1e-3, rtol=0)
+
+
+# ---------------------------------------------------------------------------
+# GPT-NeoX / GPT-2 / encoders: export, pytorch_model.bin, name variants, heads.
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name,head", [("gpt_neox", "lm"), ("gpt2", "lm"),
+                                       ("gpt_neox", "classifier")])
+def test_save_hf_round_trip_gpt_neox_and_gpt2(name, head, tmp_path):
+  import transformers
+  hf = make_model(name, head, seed=6)
+  hf.save_pretrained(str(tmp_path / "src"))
+  cfg, params = hf_checkpoints.load(str(tmp_path / "src"))
+  out = str(tmp_path / "export")
+  hf_checkpoints.save_hf(cfg, params, out)
+  assert hf_checkpoints.read_config(out) == cfg
+  auto = (transformers.AutoModelForCausalLM if head == "lm"
+          else transformers.AutoModelForSequenceClassification)
+  reloaded = auto.from_pretrained(out).eval()
+  assert type(reloaded) is type(hf)
+  tokens, mask = padded_batch(np.random.default_rng(6), [6, 3], "right")
+  ref, got = (hf_logits(m, tokens, mask) if head == "lm" else hf_scores(m, tokens, mask)
+              for m in (hf, reloaded))
+  np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
+
+
+def _bin_dir(hf, path, shards=1, dtype=None):
+  """A checkpoint directory holding only config.json + pytorch_model.bin (torch.save)."""
+  import torch
+  os.makedirs(path, exist_ok=True)
+  hf.config.save_pretrained(path)
+  state = {k: (v if dtype is None else v.to(dtype)).contiguous() for k, v in hf.state_dict().items()}
+  if shards == 1:
+    torch.save(state, os.path.join(path, "pytorch_model.bin"))
+    return str(path)
+  names, weight_map = sorted(state), {}
+  for i in range(shards):
+    fname = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin"
+    part = {k: state[k] for k in names[i::shards]}
+    torch.save(part, os.path.join(path, fname))
+    weight_map.update({k: fname for k in part})
+  with open(os.path.join(path, "pytorch_model.bin.index.json"), "w") as f:
+    json.dump({"metadata": {}, "weight_map": weight_map}, f)
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def roberta_classifier(tmp_path_factory):
+  hf = make_model("roberta", "classifier", seed=7)
+  path = str(tmp_path_factory.mktemp("roberta_safetensors"))
+  hf.save_pretrained(path)
+  return hf, path
+
+
+def test_pytorch_model_bin_loads_without_plain_pickle(roberta_classifier, tmp_path, monkeypatch):
+  import pickle
+  hf, safetensors_dir = roberta_classifier
+  path = _bin_dir(hf, tmp_path / "bin")
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("plain pickle was used")
+
+  for name in ("load", "loads", "Unpickler", "_Unpickler"):
+    monkeypatch.setattr(pickle, name, refuse)
+  cfg, params = hf_checkpoints.load(path)
+  monkeypatch.undo()
+  ref_cfg, ref = hf_checkpoints.load(safetensors_dir)
+  assert cfg == ref_cfg
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_sharded_bfloat16_pytorch_model_bin_loads_exactly(roberta_classifier, tmp_path):
+  import torch
+  hf, safetensors_dir = roberta_classifier
+  path = _bin_dir(hf, tmp_path / "bin", shards=2, dtype=torch.bfloat16)
+  _, params = hf_checkpoints.load(path, dtype="bfloat16")
+  _, ref = hf_checkpoints.load(safetensors_dir, dtype="bfloat16")  # float32 rounded once
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _mark(path):
+  open(path, "w").close()
+
+
+class _Exploit:
+  """Unpickled by plain pickle, this calls _mark(path): code run by loading a file."""
+
+  def __init__(self, path):
+    self.path = path
+
+  def __reduce__(self):
+    return _mark, (self.path,)
+
+
+def test_pytorch_model_bin_that_runs_code_is_refused(roberta_classifier, tmp_path):
+  import torch
+  hf, _ = roberta_classifier
+  path = _bin_dir(hf, tmp_path / "evil")
+  marker = str(tmp_path / "code_ran")
+  state = torch.load(os.path.join(path, "pytorch_model.bin"), weights_only=True)
+  torch.save({**state, "extra": _Exploit(marker)}, os.path.join(path, "pytorch_model.bin"))
+  with pytest.raises(ValueError, match="pytorch_model.bin: not a plain tensor checkpoint"):
+    hf_checkpoints.load(path)
+  assert not os.path.exists(marker)
+  torch.load(os.path.join(path, "pytorch_model.bin"), weights_only=False)  # what plain pickle does
+  assert os.path.exists(marker)
+
+
+def test_pytorch_model_bin_without_torch_names_the_conversion(roberta_classifier, tmp_path,
+                                                              monkeypatch):
+  import sys
+  path = _bin_dir(roberta_classifier[0], tmp_path / "bin")
+  monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails
+  with pytest.raises(ImportError, match=r"pytorch_model.bin.*python -m tba_jax.hf_checkpoints "
+                                        r"convert .*bin"):
+    hf_checkpoints.load(path)
+
+
+def test_convert_command_writes_safetensors_that_load(roberta_classifier, tmp_path):
+  import subprocess
+  import sys
+  hf, safetensors_dir = roberta_classifier
+  path = _bin_dir(hf, tmp_path / "bin")
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  subprocess.run([sys.executable, "-m", "tba_jax.hf_checkpoints", "convert", path], cwd=repo,
+                 env=env, check=True, capture_output=True, timeout=120)
+  os.remove(os.path.join(path, "pytorch_model.bin"))  # so the load reads the safetensors
+  _, params = hf_checkpoints.load(path)
+  _, ref = hf_checkpoints.load(safetensors_dir)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(FileExistsError, match="already has model.safetensors"):
+    hf_checkpoints.convert(path)
+
+
+def test_bare_backbone_and_legacy_layernorm_names_load(tmp_path):
+  from safetensors.torch import save_file
+  # The original `gpt2` files have no "transformer." prefix; old BERT files say gamma / beta.
+  for name, head, rename in [
+      ("gpt2", "lm", lambda k: k.removeprefix("transformer.")),
+      ("bert", "bare", lambda k: k.replace("LayerNorm.weight", "LayerNorm.gamma")
+                                  .replace("LayerNorm.bias", "LayerNorm.beta"))]:
+    hf = make_model(name, head, seed=8)
+    src, renamed = str(tmp_path / name), str(tmp_path / f"{name}_renamed")
+    hf.save_pretrained(src)
+    os.makedirs(renamed)
+    hf.config.save_pretrained(renamed)
+    state = {rename(k): v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    assert set(state) != set(hf.state_dict())
+    save_file(state, os.path.join(renamed, "model.safetensors"))
+    for a, b in zip(jax.tree.leaves(hf_checkpoints.load(renamed)[1]),
+                    jax.tree.leaves(hf_checkpoints.load(src)[1])):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_head_mismatch_and_unsupported_heads_are_named(tmp_path):
+  hf = make_model("gpt_neox", "classifier", seed=9)  # 3 labels
+  path = str(tmp_path / "rm")
+  hf.save_pretrained(path)
+  two = _edit_config(path, tmp_path, id2label={"0": "bad", "1": "good"}, label2id=None)
+  with pytest.raises(ValueError, match=r"score.weight.*\(3, 64\).*\(64, 2\)"):
+    hf_checkpoints.load(two)
+  import shutil
+  shutil.rmtree(two)
+  token = _edit_config(path, tmp_path, architectures=["GPTNeoXForTokenClassification"])
+  with pytest.raises(ValueError, match="unsupported head .*GPTNeoXForTokenClassification"):
+    hf_checkpoints.load(token)

@@ -1,10 +1,12 @@
-"""Model parity with transformers, cached decode, sharding, shapes."""
+"""Model parity with transformers (Llama family, GPT-NeoX, GPT-2; LM and sequence-
+classification heads), cached decode and greedy generation, sharding, shapes."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hf_models import VARIANTS, hf_logits, left_padded_batch, make_hf_model
+from hf_models import (VARIANTS, hf_logits, hf_scores, left_padded_batch, make_hf_model, make_model,
+                       padded_batch)
 from tba_jax import hf_checkpoints, model, sharding
 from tba_jax.model import KVCache, ModelConfig
 
@@ -111,3 +113,126 @@ def test_bad_model_configs_are_refused():
   with pytest.raises(ValueError, match="dtype"):
     ModelConfig(vocab_size=8, dim=8, mlp_dim=8, num_layers=1, num_heads=2, num_kv_heads=2,
                 head_dim=4, dtype="float16")
+
+
+# ---------------------------------------------------------------------------
+# GPT-NeoX, GPT-2 and sequence-classification heads on decoders.
+# ---------------------------------------------------------------------------
+def _load(name, head, tmp_path_factory, seed=0):
+  hf = make_model(name, head, seed=seed)
+  path = str(tmp_path_factory.mktemp(f"{name}_{head}"))
+  hf.save_pretrained(path)
+  return hf, path
+
+
+@pytest.mark.parametrize("name", ["gpt_neox", "gpt_neox_sequential", "gpt2"])
+def test_gpt_neox_and_gpt2_logits_match_transformers_left_and_right_padded(name, tmp_path_factory):
+  hf, path = _load(name, "lm", tmp_path_factory)
+  cfg, params = hf_checkpoints.load(path)
+  if name.startswith("gpt_neox"):  # the switches the checkpoint must set
+    assert (cfg.rotary_dim, cfg.norm, cfg.activation) == (4, "layer", "gelu")
+    assert cfg.parallel_residual == (name == "gpt_neox") and not cfg.tie_embeddings
+  else:
+    assert (cfg.position_embedding, cfg.activation, cfg.tie_embeddings) == ("learned", "gelu_tanh", True)
+  for side in ("left", "right"):
+    tokens, mask = padded_batch(np.random.default_rng(0), [11, 6, 1], side)
+    ours = np.asarray(model.logits(cfg, params, tokens, mask))
+    real = mask.astype(bool)
+    np.testing.assert_allclose(ours[real], hf_logits(hf, tokens, mask)[real], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt_neox", "gpt2"])
+def test_decoder_scores_match_transformers_sequence_classification(name, tmp_path_factory):
+  import torch
+  hf, path = _load(name, "classifier", tmp_path_factory)
+  cfg, params = hf_checkpoints.load(path)
+  assert cfg.num_labels == 3 and "score" in params and "lm_head" not in params
+  for side in ("left", "right"):
+    tokens, mask = padded_batch(np.random.default_rng(1), [9, 4, 1], side)
+    ours = np.asarray(model.scores(cfg, params, tokens, mask))
+    assert ours.shape == (3, 3) and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, hf_scores(hf, tokens, mask), atol=1e-4, rtol=0)
+  # No mask: transformers attends every token and reads at the last non-pad id.
+  with torch.no_grad():
+    want = hf(input_ids=torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(model.scores(cfg, params, tokens)), want, atol=1e-4, rtol=0)
+  with pytest.raises(ValueError, match="without an LM head: use model.scores"):
+    model.logits(cfg, params, tokens, mask)
+
+
+def test_scores_of_a_causal_lm_are_refused(tiny_cfg):
+  with pytest.raises(ValueError, match="no sequence-classification head"):
+    model.scores(tiny_cfg, model.init_params(tiny_cfg), np.array([[3, 4]]))
+
+
+@pytest.mark.parametrize("name", ["gpt_neox", "gpt2"])
+def test_greedy_generate_matches_transformers(name, tmp_path_factory):
+  import torch
+  from tba_jax import sampler
+  hf, path = _load(name, "lm", tmp_path_factory, seed=3)
+  cfg, params = hf_checkpoints.load(path)
+  prompts = [[5, 9, 17, 33, 4, 8, 60], [7, 11, 3], [99]]
+  out = sampler.generate(cfg, params, prompts, max_new_tokens=8, greedy=True)
+  # transformers, left-padded like ours (it derives positions from the mask).
+  tokens, mask = left_padded_batch(np.random.default_rng(0), [len(p) for p in prompts])
+  for i, p in enumerate(prompts):
+    tokens[i, tokens.shape[1] - len(p):] = p
+  hf.generation_config.eos_token_id = None  # both run all 8 steps
+  with torch.no_grad():
+    want = hf.generate(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
+                       max_new_tokens=8, do_sample=False, pad_token_id=0).numpy()
+  np.testing.assert_array_equal(out.tokens, want[:, tokens.shape[1]:])
+  assert len(set(out.tokens.ravel().tolist())) > 8
+
+
+@pytest.mark.parametrize("name,head", [("gpt_neox", "lm"), ("gpt2", "classifier")])
+def test_gpt_neox_and_gpt2_shard_on_a_searcher_mesh_with_equal_outputs(name, head, tmp_path_factory):
+  _, path = _load(name, head, tmp_path_factory)
+  cfg, ref_params = hf_checkpoints.load(path)
+  mesh = sharding.make_mesh("searcher", jax.devices()[:4], tensor=2)
+  _, params = hf_checkpoints.load(path, mesh=mesh, role="searcher")
+  want = sharding.param_shardings(cfg, "searcher", mesh)
+  assert jax.tree.map(lambda x: x.sharding, params) == want
+  assert want["layers"]["mlp"]["up_bias"].spec == jax.sharding.PartitionSpec(None, "tensor")
+  tokens, mask = left_padded_batch(np.random.default_rng(2), [8, 3, 5, 6])
+  rows = sharding.batch_sharding("searcher", mesh)
+  fn = model.logits if head == "lm" else model.scores
+  got = fn(cfg, params, jax.device_put(tokens, rows), jax.device_put(mask, rows))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(fn(cfg, ref_params, tokens, mask)),
+                             atol=1e-5, rtol=0)
+
+
+def test_decoder_embed_is_the_normalised_mean_of_real_hidden_states(tiny_cfg):
+  params = model.init_params(tiny_cfg, seed=4)
+  tokens, mask = left_padded_batch(np.random.default_rng(3), [6, 2])
+  got = np.asarray(model.embed(tiny_cfg, params, tokens, mask))
+  positions = model.positions_from_mask(mask)
+  hidden, _ = jax.jit(model.forward, static_argnums=0)(tiny_cfg, params, tokens, positions, mask)
+  mean = (np.asarray(hidden) * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+  np.testing.assert_allclose(got, mean / np.linalg.norm(mean, axis=-1, keepdims=True), atol=1e-5)
+
+
+def test_eval_shape_counts_pythia_160m_and_gpt2_small_params():
+  pythia = ModelConfig(vocab_size=50304, dim=768, mlp_dim=3072, num_layers=12, num_heads=12,
+                       num_kv_heads=12, head_dim=64, norm="layer", parallel_residual=True,
+                       rotary_fraction=0.25, activation="gelu", gated_mlp=False, qkv_bias=True,
+                       bias=True, model_type="gpt_neox")
+  gpt2 = ModelConfig(vocab_size=50257, dim=768, mlp_dim=3072, num_layers=12, num_heads=12,
+                     num_kv_heads=12, head_dim=64, norm="layer", position_embedding="learned",
+                     max_position_embeddings=1024, activation="gelu_tanh", gated_mlp=False,
+                     qkv_bias=True, bias=True, tie_embeddings=True, model_type="gpt2")
+  assert model.count_params(pythia) == 162_322_944  # EleutherAI's published total
+  assert model.count_params(gpt2) == 124_439_808  # transformers' GPT2LMHeadModel count
+
+
+@pytest.mark.parametrize("name", ["gpt_neox", "gpt2"])
+def test_bfloat16_layer_norm_models_stay_close_to_float32(name, tmp_path_factory):
+  _, path = _load(name, "lm", tmp_path_factory)
+  cfg, params = hf_checkpoints.load(path, dtype="bfloat16")
+  ref_cfg, ref = hf_checkpoints.load(path)
+  assert params["layers"]["attn_norm"]["bias"].dtype == jnp.bfloat16
+  tokens = np.array([[3, 4, 5, 6, 7]])
+  out = model.logits(cfg, params, tokens)
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(out), np.asarray(model.logits(ref_cfg, ref, tokens)),
+                             atol=0.15)

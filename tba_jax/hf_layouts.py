@@ -1,0 +1,378 @@
+"""Hugging Face layouts per architecture: config.json <-> our configs, and HF
+tensor names (torch layout) <-> our parameter leaves.
+
+Supported model_types: llama, mistral, qwen2, gpt_neox, gpt2 (decoders: a causal
+LM or ...ForSequenceClassification) and bert, roberta (encoders: the bare model,
+for embeddings, or ...ForSequenceClassification). The head is read from
+config.json's `architectures`.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from tba_jax.model_config import EncoderConfig, ModelConfig, RopeScaling
+
+# model_type -> (config class, LM or bare class, classification class, backbone prefix).
+_HF = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "LlamaForSequenceClassification", "model."),
+    "mistral": ("MistralConfig", "MistralForCausalLM", "MistralForSequenceClassification", "model."),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification", "model."),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", "GPTNeoXForSequenceClassification",
+                 "gpt_neox."),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", "GPT2ForSequenceClassification", "transformer."),
+    "bert": ("BertConfig", "BertModel", "BertForSequenceClassification", "bert."),
+    "roberta": ("RobertaConfig", "RobertaModel", "RobertaForSequenceClassification", "roberta."),
+}
+SUPPORTED_MODEL_TYPES = tuple(_HF)
+ENCODER_TYPES = ("bert", "roberta")
+_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+                "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+# ---------------------------------------------------------------------------
+# config.json -> ModelConfig / EncoderConfig
+# ---------------------------------------------------------------------------
+def _rope(c: dict) -> tuple[float, RopeScaling | None, float]:
+  """(theta, scaling, partial rotary fraction). transformers >= 5 writes
+  `rope_parameters`; older files `rope_theta` + `rope_scaling` (GPT-NeoX:
+  `rotary_emb_base` + `rotary_pct`)."""
+  rope = dict(c.get("rope_parameters") or {})
+  theta = rope.get("rope_theta", c.get("rope_theta", c.get("rotary_emb_base", 10000.0)))
+  default_fraction = 0.25 if c.get("model_type") == "gpt_neox" else 1.0
+  fraction = rope.get("partial_rotary_factor", c.get("rotary_pct", default_fraction))
+  scaling = dict(c.get("rope_scaling") or {})
+  scaling.update({k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")})
+  kind = scaling.get("rope_type", scaling.get("type", "default"))
+  if kind == "default":
+    rope_scaling = None
+  elif kind == "llama3":
+    rope_scaling = RopeScaling(
+        "llama3", float(scaling["factor"]), float(scaling["low_freq_factor"]),
+        float(scaling["high_freq_factor"]), int(scaling["original_max_position_embeddings"]))
+  elif kind == "linear":
+    rope_scaling = RopeScaling("linear", float(scaling["factor"]))
+  else:
+    raise ValueError(f"config.json: unsupported rope scaling type {kind!r} "
+                     "(supported: default, llama3, linear)")
+  return float(theta), rope_scaling, float(fraction)
+
+
+def _head(c: dict, model_type: str) -> str:
+  """"lm", "classifier" or "none" (a bare encoder), from config.json's architectures."""
+  _, lm_or_bare, classifier, _ = _HF[model_type]
+  arch = (c.get("architectures") or [lm_or_bare])[0]
+  if arch == classifier:
+    return "classifier"
+  if arch == lm_or_bare:
+    return "none" if model_type in ENCODER_TYPES else "lm"
+  raise ValueError(f"config.json: unsupported head architectures={c.get('architectures')} for "
+                   f"model_type={model_type!r}; supported: {lm_or_bare}, {classifier}")
+
+
+def _num_labels(c: dict) -> int:
+  return len(c["id2label"]) if c.get("id2label") else int(c.get("num_labels", 2))
+
+
+def _activation(c: dict, key: str) -> str:
+  act = c.get(key, "gelu")
+  if act not in _ACTIVATIONS:
+    raise ValueError(f"config.json: unsupported {key}={act!r} (supported: {sorted(_ACTIVATIONS)})")
+  return _ACTIVATIONS[act]
+
+
+def _eos(c: dict):
+  eos = c.get("eos_token_id")
+  return eos[0] if isinstance(eos, list) else eos
+
+
+def config_from_hf(c: dict, dtype: str = "float32") -> ModelConfig | EncoderConfig:
+  """Our config from a Hugging Face config.json dict; refuses what we cannot run."""
+  model_type = c.get("model_type")
+  if model_type not in SUPPORTED_MODEL_TYPES:
+    raise ValueError(f"config.json: unsupported architecture model_type={model_type!r} "
+                     f"(architectures={c.get('architectures')}); supported: {SUPPORTED_MODEL_TYPES}")
+  head = _head(c, model_type)
+  num_labels = _num_labels(c) if head == "classifier" else 0
+  if model_type in ENCODER_TYPES:
+    return _encoder_config(c, model_type, num_labels, dtype)
+  theta, scaling, fraction = _rope(c)
+  common = dict(vocab_size=c["vocab_size"], dtype=dtype, model_type=model_type,
+                bos_token_id=c.get("bos_token_id"), eos_token_id=_eos(c),
+                pad_token_id=c.get("pad_token_id"), num_labels=num_labels)
+  if model_type == "gpt2":
+    if c.get("add_cross_attention") or c.get("scale_attn_by_inverse_layer_idx") or \
+        not c.get("scale_attn_weights", True):
+      raise ValueError("config.json: GPT-2 with cross-attention or non-default attention "
+                       "scaling is not supported")
+    d, heads = c["n_embd"], c["n_head"]
+    return ModelConfig(
+        dim=d, mlp_dim=c.get("n_inner") or 4 * d, num_layers=c["n_layer"], num_heads=heads,
+        num_kv_heads=heads, head_dim=d // heads, norm_eps=c.get("layer_norm_epsilon", 1e-5),
+        tie_embeddings=bool(c.get("tie_word_embeddings", True)),
+        max_position_embeddings=c.get("n_positions", 1024), norm="layer",
+        position_embedding="learned", activation=_activation(c, "activation_function"),
+        gated_mlp=False, qkv_bias=True, bias=True, **common)
+  heads = c["num_attention_heads"]
+  shape = dict(dim=c["hidden_size"], mlp_dim=c["intermediate_size"],
+               num_layers=c["num_hidden_layers"], num_heads=heads, rope_theta=theta,
+               rope_scaling=scaling, max_position_embeddings=c.get("max_position_embeddings", 2048),
+               tie_embeddings=bool(c.get("tie_word_embeddings", False)))
+  if model_type == "gpt_neox":
+    if not c.get("attention_bias", True):
+      raise ValueError("config.json: GPT-NeoX with attention_bias=false is not supported")
+    return ModelConfig(
+        num_kv_heads=heads, head_dim=c["hidden_size"] // heads, rotary_fraction=fraction,
+        norm_eps=c.get("layer_norm_eps", 1e-5), norm="layer",
+        parallel_residual=bool(c.get("use_parallel_residual", True)),
+        activation=_activation(c, "hidden_act"), gated_mlp=False, qkv_bias=True, bias=True,
+        **shape, **common)
+  if c.get("hidden_act", "silu") != "silu":
+    raise ValueError(f"config.json: unsupported hidden_act={c['hidden_act']!r} (only silu)")
+  if c.get("mlp_bias"):
+    raise ValueError("config.json: mlp_bias=true is not supported")
+  if model_type != "qwen2" and c.get("attention_bias"):
+    raise ValueError("config.json: attention_bias=true (bias on q/k/v/o) is not supported")
+  if c.get("use_sliding_window"):
+    raise ValueError("config.json: sliding-window attention is not supported")
+  return ModelConfig(
+      num_kv_heads=c.get("num_key_value_heads") or heads,
+      head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+      norm_eps=c.get("rms_norm_eps", 1e-6), qkv_bias=model_type == "qwen2", **shape, **common)
+
+
+def _encoder_config(c: dict, model_type: str, num_labels: int, dtype: str) -> EncoderConfig:
+  if c.get("is_decoder") or c.get("add_cross_attention"):
+    raise ValueError(f"config.json: a {model_type} decoder (is_decoder / cross-attention) is "
+                     "not supported; only the encoder")
+  if c.get("position_embedding_type", "absolute") != "absolute":
+    raise ValueError(f"config.json: position_embedding_type={c['position_embedding_type']!r} "
+                     "is not supported (only absolute)")
+  default_pad = 1 if model_type == "roberta" else 0
+  pad = c.get("pad_token_id")
+  return EncoderConfig(
+      vocab_size=c["vocab_size"], dim=c["hidden_size"], mlp_dim=c["intermediate_size"],
+      num_layers=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
+      max_position_embeddings=c.get("max_position_embeddings", 512),
+      type_vocab_size=c.get("type_vocab_size", 2), norm_eps=c.get("layer_norm_eps", 1e-12),
+      activation=_activation(c, "hidden_act"), pad_token_id=default_pad if pad is None else pad,
+      padding_positions=model_type == "roberta", num_labels=num_labels, dtype=dtype,
+      model_type=model_type)
+
+
+# ---------------------------------------------------------------------------
+# ModelConfig -> transformers config (export)
+# ---------------------------------------------------------------------------
+def config_to_hf(cfg: ModelConfig):
+  """A transformers PretrainedConfig describing decoder `cfg`."""
+  import transformers
+  if not isinstance(cfg, ModelConfig):
+    raise ValueError(f"save_hf writes decoders only, not a {cfg.model_type} encoder")
+  config_cls, lm_cls, classifier_cls, _ = _HF[cfg.model_type]
+  kw = dict(
+      vocab_size=cfg.vocab_size, num_hidden_layers=cfg.num_layers,
+      num_attention_heads=cfg.num_heads, tie_word_embeddings=cfg.tie_embeddings,
+      bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id,
+      pad_token_id=cfg.pad_token_id, torch_dtype=cfg.dtype,
+      # Serving stacks (vLLM, TRL's reference model) pick the model class from this.
+      architectures=[classifier_cls if cfg.num_labels else lm_cls])
+  if cfg.num_labels:
+    kw["num_labels"] = cfg.num_labels
+  rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+  if cfg.rope_scaling is not None:
+    s = cfg.rope_scaling
+    rope.update(rope_type=s.kind, factor=s.factor)
+    if s.kind == "llama3":
+      rope.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor,
+                  original_max_position_embeddings=s.original_max_position_embeddings)
+  if cfg.model_type == "gpt2":
+    kw.update(n_embd=cfg.dim, n_inner=cfg.mlp_dim, n_positions=cfg.max_position_embeddings,
+              layer_norm_epsilon=cfg.norm_eps, activation_function=_hf_activation(cfg))
+  elif cfg.model_type == "gpt_neox":
+    kw.update(hidden_size=cfg.dim, intermediate_size=cfg.mlp_dim, layer_norm_eps=cfg.norm_eps,
+              rope_parameters={**rope, "partial_rotary_factor": cfg.rotary_fraction},
+              use_parallel_residual=cfg.parallel_residual, hidden_act=_hf_activation(cfg),
+              max_position_embeddings=cfg.max_position_embeddings)
+  else:
+    kw.update(hidden_size=cfg.dim, intermediate_size=cfg.mlp_dim,
+              num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+              rms_norm_eps=cfg.norm_eps, rope_parameters=rope, hidden_act="silu",
+              max_position_embeddings=cfg.max_position_embeddings)
+    if cfg.model_type == "mistral":
+      kw["sliding_window"] = None
+    if cfg.model_type == "qwen2":
+      kw["use_sliding_window"] = False
+  return getattr(transformers, config_cls)(**kw)
+
+
+def _hf_activation(cfg: ModelConfig) -> str:
+  return {"gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu"}[cfg.activation]
+
+
+# ---------------------------------------------------------------------------
+# Our parameter leaves <-> HF tensors.
+# ---------------------------------------------------------------------------
+class Spec(NamedTuple):
+  """One HF tensor ('{i}' in `hf` = layer index; such leaves are stacked [L, ...])
+  and the leaves it holds: to_ours(tensor) -> one array per leaf, to_hf(*arrays)
+  -> tensor. Several leaves for GPT-NeoX's / GPT-2's fused q/k/v."""
+  leaves: tuple[str, ...]
+  hf: str
+  to_ours: Callable
+  to_hf: Callable
+
+
+def _one(leaf: str, hf: str, to_ours=lambda w: w, to_hf=lambda w: w) -> Spec:
+  return Spec((leaf,), hf, lambda w: (to_ours(w),), to_hf)
+
+
+def _linear(leaf: str, hf: str) -> Spec:  # torch Linear [out, in] <-> ours [in, out]
+  return _one(leaf, hf, lambda w: w.T, lambda w: w.T)
+
+
+def _norm(leaf: str, hf: str, with_bias: bool) -> list[Spec]:
+  specs = [_one(leaf + "/scale", hf + ".weight")]
+  return specs + [_one(leaf + "/bias", hf + ".bias")] if with_bias else specs
+
+
+def leaf_specs(cfg: ModelConfig | EncoderConfig) -> list[Spec]:
+  """Every parameter leaf of `cfg` with its HF tensor (backbone names carry the
+  ...For* classes' prefix; hf_checkpoints also tries them without it)."""
+  d, n, h = cfg.dim, cfg.num_heads, cfg.head_dim
+  heads_in = lambda heads: (lambda w: w.T.reshape(d, heads, h), lambda w: w.reshape(d, -1).T)
+  heads_bias = lambda heads: (lambda b: b.reshape(heads, h), lambda b: b.reshape(-1))
+  heads_out = (lambda w: w.T.reshape(n, h, d), lambda w: w.reshape(n * h, d).T)
+  if isinstance(cfg, EncoderConfig):
+    return _encoder_specs(cfg, heads_in(n), heads_bias(n), heads_out)
+  p = _HF[cfg.model_type][3]
+  if cfg.model_type == "gpt_neox":
+    specs = _gpt_neox_specs(cfg, p + "layers.{i}.", heads_out)
+    specs += [_one("embed", p + "embed_in.weight")]
+    specs += _norm("final_norm", p + "final_layer_norm", True)
+    lm_head = "embed_out.weight"
+  elif cfg.model_type == "gpt2":
+    specs = _gpt2_specs(cfg, p + "h.{i}.")
+    specs += [_one("embed", p + "wte.weight"), _one("pos_embed", p + "wpe.weight")]
+    specs += _norm("final_norm", p + "ln_f", True)
+    lm_head = "lm_head.weight"
+  else:
+    k = cfg.num_kv_heads
+    attn, mlp = p + "layers.{i}.self_attn.", p + "layers.{i}.mlp."
+    specs = [
+        _one("embed", p + "embed_tokens.weight"),
+        _one("final_norm/scale", p + "norm.weight"),
+        _one("layers/attn_norm/scale", p + "layers.{i}.input_layernorm.weight"),
+        _one("layers/mlp_norm/scale", p + "layers.{i}.post_attention_layernorm.weight"),
+        _one("layers/attn/q", attn + "q_proj.weight", *heads_in(n)),
+        _one("layers/attn/k", attn + "k_proj.weight", *heads_in(k)),
+        _one("layers/attn/v", attn + "v_proj.weight", *heads_in(k)),
+        _one("layers/attn/o", attn + "o_proj.weight", *heads_out),
+        _linear("layers/mlp/gate", mlp + "gate_proj.weight"),
+        _linear("layers/mlp/up", mlp + "up_proj.weight"),
+        _linear("layers/mlp/down", mlp + "down_proj.weight"),
+    ]
+    if cfg.qkv_bias:
+      specs += [_one("layers/attn/q_bias", attn + "q_proj.bias", *heads_bias(n)),
+                _one("layers/attn/k_bias", attn + "k_proj.bias", *heads_bias(k)),
+                _one("layers/attn/v_bias", attn + "v_proj.bias", *heads_bias(k))]
+    lm_head = "lm_head.weight"
+  if cfg.num_labels:
+    specs.append(_linear("score", "score.weight"))
+  elif not cfg.tie_embeddings:
+    specs.append(_linear("lm_head", lm_head))
+  return specs
+
+
+def _gpt_neox_specs(cfg: ModelConfig, layer: str, heads_out) -> list[Spec]:
+  d, n, h = cfg.dim, cfg.num_heads, cfg.head_dim
+  # query_key_value's outputs are per head [N, 3, H] (q, k, v of head 0, then head 1, ...).
+  qkv = Spec(("layers/attn/q", "layers/attn/k", "layers/attn/v"),
+             layer + "attention.query_key_value.weight",
+             lambda w: tuple(np.moveaxis(w.T.reshape(d, n, 3, h), 2, 0)),
+             lambda q, k, v: np.stack([q, k, v], axis=2).reshape(d, 3 * n * h).T)
+  qkv_bias = Spec(("layers/attn/q_bias", "layers/attn/k_bias", "layers/attn/v_bias"),
+                  layer + "attention.query_key_value.bias",
+                  lambda b: tuple(np.moveaxis(b.reshape(n, 3, h), 1, 0)),
+                  lambda q, k, v: np.stack([q, k, v], axis=1).reshape(-1))
+  return [
+      qkv, qkv_bias,
+      _one("layers/attn/o", layer + "attention.dense.weight", *heads_out),
+      _one("layers/attn/o_bias", layer + "attention.dense.bias"),
+      _linear("layers/mlp/up", layer + "mlp.dense_h_to_4h.weight"),
+      _one("layers/mlp/up_bias", layer + "mlp.dense_h_to_4h.bias"),
+      _linear("layers/mlp/down", layer + "mlp.dense_4h_to_h.weight"),
+      _one("layers/mlp/down_bias", layer + "mlp.dense_4h_to_h.bias"),
+      *_norm("layers/attn_norm", layer + "input_layernorm", True),
+      *_norm("layers/mlp_norm", layer + "post_attention_layernorm", True),
+  ]
+
+
+def _gpt2_specs(cfg: ModelConfig, layer: str) -> list[Spec]:
+  # Conv1D weights are stored [in, out]: our layout already, up to head reshapes.
+  d, n, h = cfg.dim, cfg.num_heads, cfg.head_dim
+  qkv = Spec(("layers/attn/q", "layers/attn/k", "layers/attn/v"), layer + "attn.c_attn.weight",
+             lambda w: tuple(x.reshape(d, n, h) for x in np.split(w, 3, axis=1)),
+             lambda q, k, v: np.concatenate([x.reshape(d, -1) for x in (q, k, v)], axis=1))
+  qkv_bias = Spec(("layers/attn/q_bias", "layers/attn/k_bias", "layers/attn/v_bias"),
+                  layer + "attn.c_attn.bias",
+                  lambda b: tuple(x.reshape(n, h) for x in np.split(b, 3)),
+                  lambda q, k, v: np.concatenate([x.reshape(-1) for x in (q, k, v)]))
+  return [
+      qkv, qkv_bias,
+      _one("layers/attn/o", layer + "attn.c_proj.weight", lambda w: w.reshape(n, h, d),
+           lambda w: w.reshape(n * h, d)),
+      _one("layers/attn/o_bias", layer + "attn.c_proj.bias"),
+      _one("layers/mlp/up", layer + "mlp.c_fc.weight"),
+      _one("layers/mlp/up_bias", layer + "mlp.c_fc.bias"),
+      _one("layers/mlp/down", layer + "mlp.c_proj.weight"),
+      _one("layers/mlp/down_bias", layer + "mlp.c_proj.bias"),
+      *_norm("layers/attn_norm", layer + "ln_1", True),
+      *_norm("layers/mlp_norm", layer + "ln_2", True),
+  ]
+
+
+def _encoder_specs(cfg: EncoderConfig, heads_in, heads_bias, heads_out) -> list[Spec]:
+  p = _HF[cfg.model_type][3]
+  e, layer = p + "embeddings.", p + "encoder.layer.{i}."
+  attn = layer + "attention."
+  specs = [
+      _one("embed", e + "word_embeddings.weight"),
+      _one("pos_embed", e + "position_embeddings.weight"),
+      _one("type_embed", e + "token_type_embeddings.weight"),
+      *_norm("embed_norm", e + "LayerNorm", True),
+      *[_one(f"layers/attn/{x}", attn + f"self.{name}.weight", *heads_in)
+        for x, name in (("q", "query"), ("k", "key"), ("v", "value"))],
+      *[_one(f"layers/attn/{x}_bias", attn + f"self.{name}.bias", *heads_bias)
+        for x, name in (("q", "query"), ("k", "key"), ("v", "value"))],
+      _one("layers/attn/o", attn + "output.dense.weight", *heads_out),
+      _one("layers/attn/o_bias", attn + "output.dense.bias"),
+      *_norm("layers/attn_norm", attn + "output.LayerNorm", True),
+      _linear("layers/mlp/up", layer + "intermediate.dense.weight"),
+      _one("layers/mlp/up_bias", layer + "intermediate.dense.bias"),
+      _linear("layers/mlp/down", layer + "output.dense.weight"),
+      _one("layers/mlp/down_bias", layer + "output.dense.bias"),
+      *_norm("layers/mlp_norm", layer + "output.LayerNorm", True),
+  ]
+  if cfg.num_labels:
+    pooler, score = (("classifier.dense", "classifier.out_proj") if cfg.model_type == "roberta"
+                     else (p + "pooler.dense", "classifier"))
+    specs += [_linear("pooler", pooler + ".weight"), _one("pooler_bias", pooler + ".bias"),
+              _linear("score", score + ".weight"), _one("score_bias", score + ".bias")]
+  return specs
+
+
+def aliases(cfg: ModelConfig | EncoderConfig, name: str) -> list[str]:
+  """Names under which a checkpoint may hold HF tensor `name`, preferred first:
+  the bare backbone (BertModel, the original `gpt2` files) drops the prefix; old
+  BERT files say LayerNorm.gamma / beta; old Pythia files embed_out, newer lm_head."""
+  out = [name]
+  prefix = _HF[cfg.model_type][3]
+  if name.startswith(prefix):
+    out.append(name[len(prefix):])
+  if name == "embed_out.weight":
+    out.append("lm_head.weight")
+  for new, old in ((".LayerNorm.weight", ".LayerNorm.gamma"), (".LayerNorm.bias", ".LayerNorm.beta")):
+    if name.endswith(new):
+      out += [x[:-len(new)] + old for x in list(out)]
+  return out
