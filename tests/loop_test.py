@@ -345,3 +345,36 @@ def test_resume_restores_the_reference_in_use_after_a_reset(tmp_path, monkeypatc
   initial = init_params(ModelConfig(**c.model.random.to_dict()), c.seed)
   assert max(float(np.abs(a - np.asarray(b)).max()) for a, b in
              zip(jax.tree.leaves(in_use), jax.tree.leaves(initial))) > 1e-4
+
+
+@pytest.mark.parametrize("mode", ["async", "alternate"])
+def test_a_reward_model_scores_the_run_through_the_reward_stage(tmp_path, monkeypatch, mode):
+  # A tiny random GPT-NeoX reward model (sharing the byte tokenizer's ids) scores every
+  # completion on the searchers' devices; the trainer's buffer must hold exactly its scores.
+  from hf_models import make_model
+  from tba_jax import model, rewards
+  path = str(tmp_path / "rm")
+  make_model("gpt_neox", head="classifier", num_labels=1, vocab_size=261,
+             seed=3).save_pretrained(path)
+  buffers = []
+
+  class Kept(loop.ReplayBuffer):
+    def __init__(self, *args, **kw):
+      super().__init__(*args, **kw)
+      buffers.append(self)
+
+  monkeypatch.setattr(loop, "ReplayBuffer", Kept)
+  c = tiny_config(num_train_steps=4, mesh=dict(num_devices=2, num_trainer_devices=1),
+                  sync=dict(mode=mode, every=2), buffer=dict(prefill=8))
+  base = toy_task(c)
+  task = Task(train=base.train, test=base.test, prompt=base.prompt,
+              reward=rewards.ModelReward(path))
+  assert loop.run(c, str(tmp_path / "run"), task=task)["step"] == 4
+  entries = buffers[0].entries()
+  assert len(entries) >= 8
+  rm_cfg, rm = hf_checkpoints.load(path)
+  for e in entries:
+    tokens = np.concatenate([e.prompt, e.completion])[None]
+    want = model.scores(rm_cfg, rm, tokens, np.ones_like(tokens))[0, 0]  # (may sample the pad id)
+    assert e.reward == pytest.approx(float(want), abs=1e-4)
+  assert len({round(e.reward, 4) for e in entries}) > 2  # real scores, not a constant
