@@ -95,6 +95,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
      "--config.eval.greedy='flase': not a boolean (true/false, 1/0, yes/no)"),
     (["--config=configs/gsm8k.py:tiny", "--config.eval.gredy=true"],
      "unknown config key 'eval.gredy'; did you mean 'eval.greedy'?"),
+    (["--config", "configs/gsm8k.py:tiny", "--config.eval.gredy=true"],  # "--config X" form
+     "unknown config key 'eval.gredy'; did you mean 'eval.greedy'?"),
     (["--config=configs/gsm8k.py:tiny", "--config.num_train_steps=1.5"],
      "--config.num_train_steps='1.5': not an int"),
     (["--config=configs/gsm8k.py:tiny", "--config.sync.mode=asynch"],

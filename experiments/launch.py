@@ -1,0 +1,104 @@
+r"""The command line every experiment shares: flags, config errors, start-up, the run.
+
+  python -m experiments.EXPERIMENT --config configs/EXPERIMENT.py:VARIANT --workdir DIR
+      [--config.section.key=value ...]
+  # several hosts: the same command on every host, plus
+      --coordinator_address=HOST0:1234 --num_processes=N --process_id=I
+
+An experiment module is `launch.main("EXPERIMENT.py:DEFAULT_VARIANT")`; the task is
+built from the config's `task` section (config_builders.build_task). Rerunning with
+the same --workdir resumes from the newest checkpoint there.
+"""
+import importlib.util
+import os
+import re
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+# No default here: ml_collections would parse it, with the command line's overrides, while
+# this module is imported, where an error can only be a traceback. `_parse_flags` adds it.
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics and the export go here.",
+                               required=True)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", "", "host:port of process 0 for multi-host runs ('auto' on TPU pods; "
+    "'' = single process).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Number of processes (hosts).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index.")
+_CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/tba_jax/xla",
+                             "Persistent XLA compilation cache ('' = off): restarts and "
+                             "resumes skip recompiling.")
+
+
+def _load_config_file(spec: str):
+  """The config that `--config=spec` names, without the command line's overrides."""
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("_experiment_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def _explain(error: Exception, argv: list[str]) -> str:
+  """One line for a flag-parsing error: the override at fault, else the error's last line."""
+  from tba_jax import config_checks
+  specs = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+  specs += [b for a, b in zip(argv, argv[1:]) if a == "--config"]  # the "--config X" form
+  overrides = [m.groups() for m in (re.match(r"--config\.([\w.]+)=(.*)", a) for a in argv) if m]
+  try:
+    config = _load_config_file(specs[-1]) if specs else None
+  except Exception:  # an error in the config argument itself: reported below
+    config = None
+  for key, text in overrides if config is not None else ():
+    try:
+      config_checks.parse_value(key, text, config_checks.lookup(config, key))
+    except (KeyError, AttributeError, TypeError):
+      return config_checks.unknown_key_message(key, config)
+    except config_checks.ConfigError as e:
+      return f"--config.{e}"
+  lines = [line for line in str(error).splitlines() if line.strip()]
+  last = lines[-1].strip() if lines else repr(error)
+  # "pkg.module.SomeError: message" (a config file's traceback) -> "message"
+  return re.sub(r"^[\w.]*(Error|Exception): ", "", last)
+
+
+def _parse_flags(argv: list[str], default_config: str) -> list[str]:
+  if not any(a == "--config" or a.startswith("--config=") for a in argv[1:]):
+    argv = argv[:1] + [f"--config={os.path.join(_CONFIGS, default_config)}"] + argv[1:]
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # flag and config errors: one line, not a traceback
+    sys.exit(f"error: {_explain(e, argv)}")
+
+
+def _main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
+  config = _CONFIG.value
+  from tba_jax import config_builders, config_checks
+  try:
+    # Before anything touches the devices or the workdir.
+    config_checks.validate(config)
+    config_builders.use_cpu_devices(config.mesh.num_cpu_devices)
+  except config_checks.ConfigError as e:
+    sys.exit(f"error: {e}")
+  if _CACHE.value:
+    import jax
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(_CACHE.value))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  # Multi-host start-up must come before anything touches the devices.
+  from tba_jax import distributed
+  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  from tba_jax import loop
+  try:
+    loop.run(config, _WORKDIR.value)
+  except config_checks.ConfigError as e:
+    sys.exit(f"error: {e}")
+
+
+def main(default_config: str) -> None:
+  """Runs the experiment; `default_config` ("gsm8k.py:cpu") when --config is not given."""
+  app.run(_main, flags_parser=lambda argv: _parse_flags(argv, default_config))
