@@ -206,6 +206,7 @@ def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelC
       greedy=make_sampler(greedy=True) if e.greedy else None,
       sampled=make_sampler(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
       if e.num_samples else None, num_samples=e.num_samples, answer=task.answer,
+      metrics=task.evaluation.build(mesh) if task.evaluation is not None else None,
       progress=progress)
 
 

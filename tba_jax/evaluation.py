@@ -20,6 +20,10 @@ from tba_jax.tasks import Problem
 
 # generate(params, prompts, key) -> Rollouts (a sampler.Sampler)
 GenerateFn = Callable
+# A task's own evaluation metrics (Task.evaluation, built on the evaluation devices like a
+# reward stage), called once with every completion one evaluation pass generated:
+# {name: per-row values [N] (averaged over rows) or one float for the whole batch}.
+MetricsFn = Callable[[RewardBatch], dict[str, Any]]
 
 
 @dataclasses.dataclass
@@ -34,12 +38,14 @@ class Evaluator:
   sampled: GenerateFn | None = None  # temperature sampler, or None to skip sampled metrics
   num_samples: int = 0
   answer: Callable[[str], Any] | None = None  # a completion's final answer: distinct_answers
+  metrics: MetricsFn | None = None  # the task's own metrics, per pass ("greedy_/sampled_" + name)
   progress: bool = True
 
   def _run(self, generate, params, indices, repeats, key, desc):
-    """(rewards [len(indices), repeats], texts) for the problems at `indices`."""
+    """(rewards [len(indices), repeats], every completion as one RewardBatch) for the
+    problems at `indices`, `repeats` completions each (problem-major)."""
     rows = [i for i in indices for _ in range(repeats)]
-    rewards, texts = np.zeros(len(rows)), []
+    rewards, batches = np.zeros(len(rows)), []
     bar = tqdm.tqdm(total=len(rows), desc=desc, disable=not self.progress, leave=False)
     for start in range(0, len(rows), self.batch_size):
       chunk = rows[start:start + self.batch_size]
@@ -53,26 +59,45 @@ class Evaluator:
                                    for c in completions]),
           texts=[self.decode(c) for c in completions])
       rewards[start:start + len(chunk)] = self.reward(batch)
-      texts.extend(batch.texts)
+      batches.append(batch)
       bar.update(len(chunk))
     bar.close()
-    return rewards.reshape(len(indices), repeats), texts
+    whole = RewardBatch(
+        problems=[p for b in batches for p in b.problems],
+        prompts=[p for b in batches for p in b.prompts],
+        completions=[c for b in batches for c in b.completions],
+        ended_with_eos=np.concatenate([b.ended_with_eos for b in batches]),
+        texts=[t for b in batches for t in b.texts])
+    return rewards.reshape(len(indices), repeats), whole
+
+  def _task_metrics(self, batch: RewardBatch, prefix: str, num_problems: int) -> dict:
+    """The task's metrics as sums over this process's problems (the caller divides)."""
+    if self.metrics is None:
+      return {}
+    out = {}
+    for name, value in self.metrics(batch).items():
+      value = np.asarray(value, np.float64)
+      # A per-row mean (or a batch-wide figure) weighted by this process's problem count.
+      out[prefix + name] = (value.mean() if value.ndim else float(value)) * num_problems
+    return out
 
   def __call__(self, params, key) -> dict[str, float]:
-    """Metrics under "eval/..." keys (this process's share, summed over processes)."""
+    """Metrics under "eval/..." keys, averaged over the problems of every process."""
     indices = list(range(jax.process_index(), len(self.problems), jax.process_count()))
     sums = {}
     if self.greedy is not None:
-      r, _ = self._run(self.greedy, params, indices, 1, key, "eval greedy")
+      r, batch = self._run(self.greedy, params, indices, 1, key, "eval greedy")
       sums["greedy_pass@1"] = r.sum()
+      sums.update(self._task_metrics(batch, "greedy_", len(indices)))
     if self.sampled is not None and self.num_samples > 0:
       n = self.num_samples
-      r, texts = self._run(self.sampled, params, indices, n, jax.random.fold_in(key, 1),
+      r, batch = self._run(self.sampled, params, indices, n, jax.random.fold_in(key, 1),
                            "eval sampled")
       sums["sampled_pass@1"] = r.mean(axis=1).sum()
       sums[f"pass@{n}"] = (r.max(axis=1) > 0).sum()
+      sums.update(self._task_metrics(batch, "sampled_", len(indices)))
       if self.answer is not None:
-        answers = [self.answer(t) for t in texts]
+        answers = [self.answer(t) for t in batch.texts]
         sums["distinct_answers"] = float(sum(len(set(answers[k * n:(k + 1) * n]))
                                              for k in range(len(indices))))
     names = sorted(sums)

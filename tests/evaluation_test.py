@@ -1,0 +1,66 @@
+"""The evaluator with a fake generator: pass rates, distinct answers, a task's own metrics."""
+import jax
+import numpy as np
+import pytest
+
+from tba_jax.evaluation import Evaluator
+from tba_jax.sampler import Rollouts
+from tba_jax.tasks import Problem
+
+EOS = 2
+
+
+class FakeGenerate:
+  """Completion of prompt [i]: token 10 + i, then EOS, except problem 2's sampled ones,
+  which alternate between two answers and are cut off (no EOS)."""
+
+  def __init__(self, greedy: bool):
+    self.greedy, self.calls = greedy, 0
+
+  def __call__(self, params, prompts, key):
+    rows = []
+    for prompt in prompts:
+      i = prompt[0]
+      if not self.greedy and i == 2:
+        self.calls += 1
+        rows.append([20 + self.calls % 2, 7])
+      else:
+        rows.append([10 + i, EOS])
+    tokens = np.array(rows, np.int32)
+    zeros = np.zeros(tokens.shape, np.float32)
+    return Rollouts(tokens=tokens, logprobs=zeros, tempered_logprobs=zeros,
+                    lengths=np.full(len(rows), 2, np.int32), num_decode_steps=2)
+
+
+def _evaluator(**kw):
+  problems = [Problem(i, f"q{i}", "", float(10 + i)) for i in range(3)]
+  # Reward 1 when the first token is the problem's gold: every greedy answer is right; the
+  # sampled answers of problem 2 are wrong.
+  reward = lambda batch: np.array([float(c[0] == p.gold) for c, p in
+                                   zip(batch.completions, batch.problems)])
+  return Evaluator(problems=problems, prompt_tokens=[[i] for i in range(3)],
+                   decode=lambda ids: " ".join(map(str, ids)), reward=reward, eos_ids=(EOS,),
+                   batch_size=4, greedy=FakeGenerate(True), sampled=FakeGenerate(False),
+                   num_samples=2, answer=lambda text: text.split()[0], progress=False, **kw)
+
+
+def test_pass_rates_and_distinct_answers_per_problem():
+  out = _evaluator()(params=None, key=jax.random.key(0))
+  assert out["eval/greedy_pass@1"] == 1.0
+  assert out["eval/sampled_pass@1"] == pytest.approx(2 / 3)
+  assert out["eval/pass@2"] == pytest.approx(2 / 3)
+  assert out["eval/distinct_answers"] == pytest.approx(4 / 3)  # problem 2: two answers
+
+
+def test_a_tasks_own_metrics_see_every_completion_of_a_pass_at_once():
+  seen = []
+
+  def metrics(batch):
+    seen.append(len(batch))
+    return {"ended": batch.ended_with_eos.astype(float),  # per row: averaged
+            "rows": float(len(batch))}                     # one figure for the whole pass
+
+  out = _evaluator(metrics=metrics)(params=None, key=jax.random.key(0))
+  assert seen == [3, 6]  # greedy: 3 problems; sampled: 3 x 2 rows, across two chunks of 4
+  assert out["eval/greedy_ended"] == 1.0 and out["eval/sampled_ended"] == pytest.approx(4 / 6)
+  assert out["eval/greedy_rows"] == 3.0 and out["eval/sampled_rows"] == 6.0
