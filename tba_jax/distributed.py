@@ -1,4 +1,4 @@
-"""Multi-host (multi-controller) runs: start-up and the replay-buffer exchange.
+"""Multi-host (multi-controller) runs: start-up, the replay-buffer exchange, lost hosts.
 
 One process per host. Every process holds the same global replay buffer: every
 k steps each host's new entries reach every host through an all-gather, and
@@ -6,11 +6,22 @@ each host adds them in process order, so all buffers stay identical and every
 host samples the same global batch with the same seed (feeding its own slice
 to the trainer mesh). Every process must call these collectives in the same
 order; searcher threads never call them.
+
+A host that dies without notice (SIGKILL, a crash, a lost machine) stops the
+others within the heartbeat timeout (`initialize`, HEARTBEAT_TIMEOUT_S by
+default): the collective a survivor is in fails when the dead host's
+connections close (at once on CPU/gloo), and the loop turns that failure into
+a `ProcessLostError` naming the processes the coordination service no longer
+sees (`lost_process_error`); a survivor that is not in a collective, or whose
+collective hangs instead of failing, is terminated by JAX's coordination
+service when the dead host's heartbeats have been missing for the timeout,
+with a message naming the task that stopped sending them.
 """
 from __future__ import annotations
 
 import json
 import os
+import threading
 
 import jax
 import numpy as np
@@ -19,26 +30,74 @@ from tba_jax import entries as entries_lib
 from tba_jax.entries import Entry
 
 
-def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1) -> bool:
+# JAX's default: a process whose heartbeats stop this long is declared dead, and every
+# other process is terminated (module docstring).
+HEARTBEAT_TIMEOUT_S = 100
+
+
+class ProcessLostError(RuntimeError):
+  """Another process of the run stopped without notice; this one cannot go on alone."""
+
+
+def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1,
+               heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S) -> bool:
   """`jax.distributed.initialize` from arguments or the environment; False if single-process.
 
   Environment fallbacks: TBA_COORDINATOR_ADDRESS, TBA_NUM_PROCESSES, TBA_PROCESS_ID.
   On TPU pods and SLURM clusters JAX discovers all three by itself: pass
-  coordinator_address="auto".
+  coordinator_address="auto". `heartbeat_timeout_s`: how long a silent process
+  may go before the others stop (module docstring).
   """
   address = coordinator_address or os.environ.get("TBA_COORDINATOR_ADDRESS", "")
   if not address:
     return False
   if address == "auto":
-    jax.distributed.initialize()
+    jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s)
     return True
   num = num_processes or int(os.environ.get("TBA_NUM_PROCESSES", "0"))
   pid = process_id if process_id >= 0 else int(os.environ.get("TBA_PROCESS_ID", "-1"))
   if num < 1 or pid < 0:
     raise ValueError(f"multi-host start needs num_processes and process_id with the coordinator "
                      f"address {address!r} (got num_processes={num}, process_id={pid})")
-  jax.distributed.initialize(address, num_processes=num, process_id=pid)
+  jax.distributed.initialize(address, num_processes=num, process_id=pid,
+                             heartbeat_timeout_seconds=heartbeat_timeout_s)
   return True
+
+
+def lost_process_error(error: BaseException, timeout_s: float = 10.0) -> ProcessLostError | None:
+  """A ProcessLostError naming the processes gone, when `error` came from losing them.
+
+  Only a JAX runtime error (what a collective raises when a peer's connection
+  drops) is looked into. The liveness query is a barrier among the live
+  processes (every survivor of a lost peer fails in the same collective and
+  asks too); when it does not answer within `timeout_s`, e.g. because the error
+  was this host's own and the others wait in a collective, the answer is None.
+  """
+  if jax.process_count() == 1 or not isinstance(error, jax.errors.JaxRuntimeError):
+    return None
+  from jax.experimental import multihost_utils
+  alive: set[int] = set()
+
+  def ask():
+    try:
+      with multihost_utils.live_devices(jax.devices()) as devices:
+        alive.update(d.process_index for d in devices)
+    except Exception:  # the coordinator itself is gone, or a process died meanwhile
+      pass
+
+  asker = threading.Thread(target=ask, daemon=True)  # abandoned if it never answers
+  asker.start()
+  asker.join(timeout_s)
+  if asker.is_alive() or not alive:
+    return None
+  lost = sorted(set(range(jax.process_count())) - alive)
+  if not lost:
+    return None
+  return ProcessLostError(
+      f"process(es) {lost} of {jax.process_count()} stopped without notice (killed, crashed or "
+      f"their host lost) while process {jax.process_index()} waited for them: "
+      f"{str(error).splitlines()[0][:300]}. Everything up to the newest checkpoint is kept; "
+      "rerun the same command on every host to resume from it.")
 
 
 def all_gather_entries(entries: list[Entry], *, max_prompt_len: int,
@@ -65,11 +124,16 @@ def all_gather_entries(entries: list[Entry], *, max_prompt_len: int,
 
 def broadcast_flags(*flags: bool) -> tuple[bool, ...]:
   """Each flag True on every process when any process raised it (SIGTERM, a failure)."""
+  return tuple(bool(f) for f in all_gather_ints(*flags).max(axis=0))
+
+
+def all_gather_ints(*values: int) -> np.ndarray:
+  """[processes, len(values)] int32: every process's `values`, in process order."""
+  mine = np.array([int(v) for v in values], np.int32)
   if jax.process_count() == 1:
-    return tuple(bool(f) for f in flags)
+    return mine[None]
   from jax.experimental import multihost_utils
-  raised = np.asarray(multihost_utils.process_allgather(np.array(flags, np.int32))).max(axis=0)
-  return tuple(bool(f) for f in raised)
+  return np.asarray(multihost_utils.process_allgather(mine)).reshape(jax.process_count(), -1)
 
 
 def all_gather_json(value) -> list:
