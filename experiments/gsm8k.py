@@ -100,7 +100,7 @@ def main(argv):
   from tba_jax import loop
   try:
     loop.run(config, _WORKDIR.value)
-  except config_checks.ConfigError as e:
+  except (config_checks.ConfigError, loop.SearcherError) as e:  # the message says it all
     sys.exit(f"error: {e}")
   except distributed.ProcessLostError as e:
     # Exit now: JAX's shutdown at exit would wait for the lost process until its timeout.

@@ -8,14 +8,16 @@ to the trainer mesh). Every process must call these collectives in the same
 order; searcher threads never call them.
 
 A host that dies without notice (SIGKILL, a crash, a lost machine) stops the
-others within the heartbeat timeout (`initialize`, HEARTBEAT_TIMEOUT_S by
-default): the collective a survivor is in fails when the dead host's
-connections close (at once on CPU/gloo), and the loop turns that failure into
-a `ProcessLostError` naming the processes the coordination service no longer
-sees (`lost_process_error`); a survivor that is not in a collective, or whose
-collective hangs instead of failing, is terminated by JAX's coordination
-service when the dead host's heartbeats have been missing for the timeout,
-with a message naming the task that stopped sending them.
+others within the heartbeat timeout (`initialize`; JAX's 100 s unless set):
+JAX's coordination service declares a process dead when its heartbeats have
+been missing that long, and then terminates every other process with a message
+naming the task that stopped sending them ("The following tasks are unhealthy
+(stopped sending heartbeats): 1"). Nothing in this runtime waits longer: the
+collective a survivor is in either fails when the dead host's connections close
+(at once on CPU/gloo), or hangs until that termination. A failed collective
+raises in the loop, which says so at once and waits for the service's verdict
+(`lost_process_error`): whichever comes first, the loop's `ProcessLostError` or
+JAX's termination, names the lost process, and the survivor exits non-zero.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from tba_jax.entries import Entry
 # JAX's default: a process whose heartbeats stop this long is declared dead, and every
 # other process is terminated (module docstring).
 HEARTBEAT_TIMEOUT_S = 100
+_heartbeat_timeout_s = HEARTBEAT_TIMEOUT_S  # this run's (initialize)
 
 
 class ProcessLostError(RuntimeError):
@@ -48,9 +51,11 @@ def initialize(coordinator_address: str = "", num_processes: int = 0, process_id
   coordinator_address="auto". `heartbeat_timeout_s`: how long a silent process
   may go before the others stop (module docstring).
   """
+  global _heartbeat_timeout_s
   address = coordinator_address or os.environ.get("TBA_COORDINATOR_ADDRESS", "")
   if not address:
     return False
+  _heartbeat_timeout_s = heartbeat_timeout_s
   if address == "auto":
     jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s)
     return True
@@ -64,18 +69,22 @@ def initialize(coordinator_address: str = "", num_processes: int = 0, process_id
   return True
 
 
-def lost_process_error(error: BaseException, timeout_s: float = 10.0) -> ProcessLostError | None:
+def lost_process_error(error: Exception) -> ProcessLostError | None:
   """A ProcessLostError naming the processes gone, when `error` came from losing them.
 
-  Only a JAX runtime error (what a collective raises when a peer's connection
-  drops) is looked into. The liveness query is a barrier among the live
-  processes (every survivor of a lost peer fails in the same collective and
-  asks too); when it does not answer within `timeout_s`, e.g. because the error
-  was this host's own and the others wait in a collective, the answer is None.
+  A collective whose peer's connection dropped raises whatever its runtime maps
+  the failure to (a ValueError from a jitted gloo all-reduce, a JaxRuntimeError
+  from an all-gather), so any error of a multi-process run is looked into. The
+  liveness query answers once the coordination service has decided, within the
+  heartbeat timeout (module docstring); it is a barrier among the live processes,
+  so when the error was this host's own (the others wait in a collective) it
+  does not answer, and the error is this host's own: None.
   """
-  if jax.process_count() == 1 or not isinstance(error, jax.errors.JaxRuntimeError):
+  if jax.process_count() == 1:
     return None
   from jax.experimental import multihost_utils
+  print(f"process {jax.process_index()}: {_first_line(error)}. If another process stopped, it "
+        f"is named within the heartbeat timeout ({_heartbeat_timeout_s} s).", flush=True)
   alive: set[int] = set()
 
   def ask():
@@ -87,17 +96,20 @@ def lost_process_error(error: BaseException, timeout_s: float = 10.0) -> Process
 
   asker = threading.Thread(target=ask, daemon=True)  # abandoned if it never answers
   asker.start()
-  asker.join(timeout_s)
-  if asker.is_alive() or not alive:
-    return None
-  lost = sorted(set(range(jax.process_count())) - alive)
+  asker.join(_heartbeat_timeout_s + 10)
+  lost = sorted(set(range(jax.process_count())) - alive) if alive else []
   if not lost:
     return None
   return ProcessLostError(
       f"process(es) {lost} of {jax.process_count()} stopped without notice (killed, crashed or "
       f"their host lost) while process {jax.process_index()} waited for them: "
-      f"{str(error).splitlines()[0][:300]}. Everything up to the newest checkpoint is kept; "
-      "rerun the same command on every host to resume from it.")
+      f"{_first_line(error)}. Everything up to the newest checkpoint is kept; rerun the same "
+      "command on every host to resume from it.")
+
+
+def _first_line(error: Exception) -> str:
+  lines = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
 
 
 def all_gather_entries(entries: list[Entry], *, max_prompt_len: int,

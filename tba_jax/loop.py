@@ -21,7 +21,7 @@ Long runs survive: a checkpoint holds the searchers' unmerged entries and
 cursors as well as the global buffer (a resume loses nothing committed); a
 searcher that raises is restarted (searcher_pool); SIGTERM on any host makes
 every host checkpoint at the same step and return; a host lost without notice
-stops the others with a ProcessLostError naming it (distributed).
+stops the others within the heartbeat timeout, naming it (distributed).
 """
 from __future__ import annotations
 
@@ -178,8 +178,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     save(step, state, reference)
     hosts = " on every host" if jax.process_count() > 1 else ""
     print(f"SIGTERM: saved a checkpoint at step {step} in {checkpointer.directory}; nothing "
-          f"merged or generated before it is lost. Rerun the same command{hosts} with the same "
-          "--workdir to resume.", flush=True)
+          f"the searchers finished is lost (work in flight is sampled again). Rerun the same "
+          f"command{hosts} with the same --workdir to resume.", flush=True)
     return {"step": step, "terminated": True}
 
   def stop_if_a_searcher_failed(state, reference):
@@ -208,9 +208,9 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   training = start_step < c.num_train_steps  # else only the final evaluation is left
   terminated = threading.Event()
   previous_handler = _install_sigterm(terminated)
-  f = c.fault
-  stop_here = (faults.ProcessStop(f.stop_at_step, f.stop_signal)
-               if f.stop_at_step and f.stop_process == jax.process_index() else None)
+  fault = c.fault  # a testing aid (faults.py); None unless it asks this process to stop
+  stop_here = (faults.ProcessStop(fault.stop_at_step, fault.stop_signal)
+               if fault.stop_at_step and fault.stop_process == jax.process_index() else None)
   clock = _Clock()
 
   try:
@@ -339,6 +339,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       _write_json(os.path.join(workdir, FINISHED_FILE), {"step": last, **final})
       print(f"Finished at step {last}: " + ", ".join(f"{k} {v:.3f}" for k, v in final.items()))
     return {"step": last, **final, **_buffer_summary(global_buffer)}
+  except (SearcherError, FloatingPointError):
+    raise  # raised by every process at the same step
   except Exception as e:
     lost = distributed.lost_process_error(e)  # None unless another process is gone
     if lost is None:
