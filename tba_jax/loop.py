@@ -180,7 +180,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     print(f"SIGTERM: saved a checkpoint at step {step} in {checkpointer.directory}; nothing "
           f"the searchers finished is lost (work in flight is sampled again). Rerun the same "
           f"command{hosts} with the same --workdir to resume.", flush=True)
-    return {"step": step, "terminated": True}
+    return {"step": step, "terminated": True, **_buffer_summary(global_buffer)}
 
   def stop_if_a_searcher_failed(state, reference):
     if pool.failed():

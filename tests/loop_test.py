@@ -139,15 +139,16 @@ def test_synchronous_mode_equals_a_plain_synchronous_loop(tmp_path):
   assert moved > 1e-3  # training really changed the parameters
 
 
-def _faulty(num_train_steps, **fault):
+def _faulty(num_train_steps, num_devices=2, **fault):
   return tiny_config(num_train_steps=num_train_steps, max_train_seconds=120.0,
-                     mesh=dict(num_devices=2, num_trainer_devices=1),
+                     mesh=dict(num_devices=num_devices, num_trainer_devices=1),
                      sync=dict(mode="async", every=2), buffer=dict(prefill=8),
                      searcher=dict(max_restarts=2), fault=fault)
 
 
-def test_a_searcher_failure_is_restarted_and_the_run_finishes(tmp_path, capsys):
-  c = _faulty(8, searcher_fail_at=3)
+@pytest.mark.parametrize("num_devices", [2, 1])  # async; alternate (batch 3 in a round)
+def test_a_searcher_failure_is_restarted_and_the_run_finishes(tmp_path, capsys, num_devices):
+  c = _faulty(8, num_devices, searcher_fail_at=3)
   assert loop.run(c, str(tmp_path), task=toy_task(c))["step"] == 8
   rows = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "loss" in r]
   assert [r["step"] for r in rows] == list(range(1, 9))

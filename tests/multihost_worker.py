@@ -1,9 +1,9 @@
 """One process of the two-process loopback tests (tests/distributed_test.py).
 
-  python multihost_worker.py PORT PROCESS_ID WORKDIR [NUM_TRAIN_STEPS [HEARTBEAT_TIMEOUT_S]]
+  python multihost_worker.py PORT PROCESS_ID WORKDIR NUM_TRAIN_STEPS HEARTBEAT_TIMEOUT_S
 
-A run of NUM_TRAIN_STEPS (default 6); with more it runs until signalled (the tests send
-SIGTERM or SIGKILL to one process). A lost peer ends it as experiments/gsm8k.py does:
+A run of NUM_TRAIN_STEPS, or until signalled (the tests send SIGTERM or SIGKILL to one
+process). A lost peer ends it as experiments/gsm8k.py does:
 the error on stderr, exit status 1.
 """
 import json
@@ -36,7 +36,7 @@ def main(port: str, process_id: int, workdir: str, num_train_steps: int, heartbe
   c = tiny_config(num_train_steps=num_train_steps, max_train_seconds=300.0,
                   mesh=dict(num_devices=2, num_trainer_devices=1),
                   sync=dict(mode="async", every=2), buffer=dict(prefill=16),
-                  checkpoint=dict(every=3 if num_train_steps <= 6 else 1000),
+                  checkpoint=dict(every=1000),
                   eval=dict(every=0, num_problems=4, num_samples=0, greedy=True))
   try:
     result = loop.run(c, workdir, task=toy_task(c))
@@ -47,5 +47,4 @@ def main(port: str, process_id: int, workdir: str, num_train_steps: int, heartbe
 
 
 if __name__ == "__main__":
-  args = sys.argv[4:] + ["6", "100"][len(sys.argv) - 4:]
-  main(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(args[0]), int(args[1]))
+  main(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
