@@ -8,7 +8,7 @@ r"""TBA post-training on GSM8K-format math. The recipes are in configs/gsm8k.py.
 
 Rerunning with the same --workdir resumes from the newest checkpoint there. SIGTERM
 (on any host) saves a checkpoint and exits 0; a host lost without notice makes the
-others exit 1 within --heartbeat_timeout seconds, naming it (README "Resuming").
+others exit non-zero within --heartbeat_timeout seconds, naming it (README "Resuming").
 """
 import importlib.util
 import os

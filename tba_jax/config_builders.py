@@ -159,8 +159,8 @@ def build_task(task_cfg, tokenizer) -> Task:
 
 def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, meshes, *,
                   publish, params, reference, prompt_tokens: dict[int, list[int]],
-                  max_prompt_len: int, seed: int, max_restarts: int = 0,
-                  fault_cfg=None) -> SearcherPool:
+                  max_prompt_len: int, seed: int, max_restarts: int,
+                  fault_cfg) -> SearcherPool:
   """This process's searchers, one per mesh, with the task's reward stage built on each.
 
   `publish(params, i)` places params on searcher i's devices; `params` are the trainer's
@@ -182,7 +182,7 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
                       pad_id=tokenizer.pad_id, mesh=mesh)
     first = publish(params, i)
     reward = stage.build(mesh)
-    if fault_cfg is not None and fault_cfg.searcher_fail_at and shard == fault_cfg.searcher:
+    if fault_cfg.searcher_fail_at and shard == fault_cfg.searcher:
       reward = faults.FailingReward(reward, fault_cfg.searcher_fail_at,
                                     fault_cfg.searcher_fail_repeats)
     searchers.append(Searcher(

@@ -18,6 +18,8 @@ collective a survivor is in either fails when the dead host's connections close
 raises in the loop, which says so at once and waits for the service's verdict
 (`lost_process_error`): whichever comes first, the loop's `ProcessLostError` or
 JAX's termination, names the lost process, and the survivor exits non-zero.
+When the lost process is 0 (it runs the coordination service), JAX ends the
+others at once ("... the leader task was preempted/died ...").
 """
 from __future__ import annotations
 
