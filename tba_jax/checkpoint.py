@@ -113,6 +113,9 @@ class Checkpointer:
            config_dict: dict, unmerged: Sequence[Entry] = ()) -> None:
     """Blocking save of everything a resume needs (all processes call this, with the same
     `buffer_state`, `meta` and `unmerged`)."""
+    if step in self.manager.all_steps():
+      # The same step again (a pre-fill stopped twice at step 0): the newer save holds more.
+      self.manager.delete(step)
     self.manager.save(step, args=ocp.args.Composite(
         train_state=ocp.args.StandardSave(train_state),
         buffer=ocp.args.StandardSave(buffer_state),

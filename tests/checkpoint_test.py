@@ -123,3 +123,14 @@ def test_a_checkpoint_without_unmerged_entries_restores_with_none(tmp_path):
   shutil.rmtree(os.path.join(directory, "2", "unmerged"))
   restored = Checkpointer(directory).restore(_abstract(), CONFIG)
   assert restored.step == 2 and restored.unmerged == []
+
+
+def test_saving_a_step_again_replaces_it(tmp_path):
+  # A pre-fill stopped twice saves step 0 twice; the second holds more.
+  ckpt = Checkpointer(str(tmp_path / "checkpoints"))
+  ckpt.save(0, _state(0), {"x": np.arange(2)}, {"step": 0}, CONFIG)
+  ckpt.save(0, _state(0), {"x": np.arange(5)}, {"step": 0}, CONFIG, unmerged=[_entry(1, [2], 0)])
+  restored = ckpt.restore(_abstract(), CONFIG)
+  np.testing.assert_array_equal(restored.buffer["x"], np.arange(5))
+  assert [e.prompt_id for e in restored.unmerged] == [1]
+  ckpt.close()

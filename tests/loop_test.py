@@ -173,6 +173,41 @@ def test_a_failure_that_repeats_on_its_prompt_stops_the_run_naming_it(tmp_path):
   assert saved and all(s.isdigit() for s in saved)
 
 
+def test_sigterm_while_the_buffer_prefills_checkpoints_step_0_and_the_resume_fills_on(
+    tmp_path, monkeypatch, capsys):
+  import signal
+  from tba_jax.searcher_pool import SearcherPool
+  merge, merged = SearcherPool.merge, []
+
+  def merge_then_signal(self, buffer):
+    merged.append(merge(self, buffer))
+    if len(merged) % 3 == 0:  # the third round of each run's pre-fill (the handler is set)
+      os.kill(os.getpid(), signal.SIGTERM)
+    return merged[-1]
+
+  monkeypatch.setattr(SearcherPool, "merge", merge_then_signal)
+  # A pre-fill that never ends by itself: 1 device, one batch (2 prompts x 4) per round.
+  c = tiny_config(num_train_steps=2, mesh=dict(num_devices=1),
+                  buffer=dict(prefill=10**6, dedup=False))
+  for run in (1, 2):
+    assert loop.run(c, str(tmp_path), task=toy_task(c)) == {
+        "step": 0, "terminated": True, **loop._buffer_summary(_saved_buffer(tmp_path, 0))}
+    assert merged == [8] * 3 * run and os.listdir(tmp_path / "checkpoints") == ["0"]
+    assert len(_saved_buffer(tmp_path, 0)) == 24 * run  # the resume went on filling
+  assert "Resumed from step 0 (24 buffer entries" in capsys.readouterr().out
+
+
+def _saved_buffer(workdir, step):
+  import orbax.checkpoint as ocp
+  from tba_jax.replay_buffer import ReplayBuffer
+  manager = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"))
+  state = manager.restore(step, args=ocp.args.Composite(buffer=ocp.args.StandardRestore()))
+  manager.close()
+  buffer = ReplayBuffer(max_per_prompt=10**9, dedup=False)
+  buffer.load_state_dict(state["buffer"])
+  return buffer
+
+
 def test_resuming_under_a_different_config_is_refused(tmp_path):
   c = tiny_config(num_train_steps=2, mesh=dict(num_devices=1), buffer=dict(prefill=8))
   loop.run(c, str(tmp_path), task=toy_task(c))
