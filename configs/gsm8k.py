@@ -198,6 +198,11 @@ def _base() -> ml_collections.ConfigDict:
       reward_tau=1.0,
       prefill=500,               # completions in the buffer before the first step
   )
+  c.searcher = dict(
+      max_restarts=3,        # a searcher whose batch raises is restarted (its prompts re-queued,
+                             # the latest weights) up to this many times per run; then, or when
+                             # the same prompt fails again, the run stops after a checkpoint
+  )
   c.sync = dict(
       every=2,               # k: trainer steps between weight syncs / buffer merges
       mode="async",          # "async" (searchers in threads) or "alternate" (search, then k
@@ -216,6 +221,14 @@ def _base() -> ml_collections.ConfigDict:
   c.checkpoint = dict(every=100, max_to_keep=3)
   c.log = dict(every=1, tensorboard=True, wandb_project="")
   c.export = True  # write the final policy to WORKDIR/export (Hugging Face format)
+  c.fault = dict(            # fault injection, a testing aid (README "Fault injection"); 0 = off
+      searcher_fail_at=0,    # > 0: searcher `searcher`'s reward stage raises at its n-th batch
+      searcher_fail_repeats=False,  # ... and on every later batch with that batch's first prompt
+      searcher=0,            # the global index of that searcher
+      stop_at_step=0,        # > 0: process `stop_process` signals itself after this step's update
+      stop_signal="SIGKILL",  # "SIGKILL" (a crash) or "SIGTERM" (a preemption notice)
+      stop_process=0,
+  )
   return c
 
 

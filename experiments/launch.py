@@ -28,6 +28,9 @@ _COORDINATOR = flags.DEFINE_string(
     "'' = single process).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Number of processes (hosts).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index.")
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout", 100, "Multi-host: seconds without heartbeats after which a process "
+    "counts as lost and the others stop (tba_jax/distributed.py).")
 _CACHE = flags.DEFINE_string("compilation_cache", "~/.cache/tba_jax/xla",
                              "Persistent XLA compilation cache ('' = off): restarts and "
                              "resumes skip recompiling.")
@@ -91,12 +94,18 @@ def _main(argv):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   # Multi-host start-up must come before anything touches the devices.
   from tba_jax import distributed
-  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                         heartbeat_timeout_s=_HEARTBEAT.value)
   from tba_jax import loop
   try:
     loop.run(config, _WORKDIR.value)
-  except config_checks.ConfigError as e:
+  except (config_checks.ConfigError, loop.SearcherError) as e:  # the message says it all
     sys.exit(f"error: {e}")
+  except distributed.ProcessLostError as e:
+    # Exit now: JAX's shutdown at exit would wait for the lost process until its timeout.
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
 
 
 def main(default_config: str) -> None:

@@ -1,5 +1,10 @@
 """Run checkpoints with orbax: train state, replay buffer, RNG, cursors, config.
 
+Nothing the searchers generated is lost at a checkpoint: next to the global
+replay buffer it holds the entries the searchers of every host had committed but
+not yet merged (`unmerged`, gathered in process order), taken with their
+prompt-stream cursors (searcher_pool.SearcherPool.snapshot).
+
 Orbax writes each step to a temporary directory and renames it when complete,
 so a process killed mid-save (SIGKILL, preemption) leaves every earlier
 checkpoint intact and the half-written one is ignored on restart. A complete
@@ -18,15 +23,19 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from tba_jax import entries as entries_lib
+from tba_jax.entries import Entry
+
 # Top-level config sections / keys that may change between a run and its resume.
-RESUMABLE_KEYS = ("num_train_steps", "max_train_seconds", "eval", "log", "checkpoint")
+RESUMABLE_KEYS = ("num_train_steps", "max_train_seconds", "eval", "log", "checkpoint",
+                  "searcher.max_restarts", "fault")
 
 
 class ConfigMismatchError(ValueError):
@@ -35,6 +44,23 @@ class ConfigMismatchError(ValueError):
 
 class CheckpointError(RuntimeError):
   """No checkpoint in the directory restores."""
+
+
+class Restored(NamedTuple):
+  step: int
+  train_state: Any
+  buffer: dict[str, np.ndarray]  # ReplayBuffer.state_dict()
+  meta: dict
+  unmerged: list[Entry]          # the searchers' entries not yet merged, in process order
+
+
+def _pack_unmerged(entries: Sequence[Entry]) -> dict[str, np.ndarray]:
+  # Padded to the longest entry held (at least 1 row and column: orbax refuses zero-size
+  # arrays); `count` says how many rows are real.
+  width = lambda f: max([f(e) for e in entries] + [1])
+  return entries_lib.pack(entries, max_prompt_len=width(lambda e: e.prompt.size),
+                          max_completion_len=width(lambda e: e.length),
+                          num_rows=max(len(entries), 1))
 
 
 def _reason(error: Exception) -> str:
@@ -84,11 +110,16 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def save(self, step: int, train_state, buffer_state: dict[str, np.ndarray], meta: dict,
-           config_dict: dict) -> None:
-    """Blocking save of everything a resume needs (all processes call this)."""
+           config_dict: dict, unmerged: Sequence[Entry] = ()) -> None:
+    """Blocking save of everything a resume needs (all processes call this, with the same
+    `buffer_state`, `meta` and `unmerged`)."""
+    if step in self.manager.all_steps():
+      # The same step again (a pre-fill stopped twice at step 0): the newer save holds more.
+      self.manager.delete(step)
     self.manager.save(step, args=ocp.args.Composite(
         train_state=ocp.args.StandardSave(train_state),
         buffer=ocp.args.StandardSave(buffer_state),
+        unmerged=ocp.args.StandardSave(_pack_unmerged(unmerged)),
         meta=ocp.args.JsonSave(meta),
         config=ocp.args.JsonSave(_jsonable(config_dict))), force=True)
     self.manager.wait_until_finished()
@@ -105,8 +136,8 @@ class Checkpointer:
           "config; refusing to resume. Differences (checkpoint -> now):\n  " +
           "\n  ".join(diffs) + "\nUse a new --workdir, or restore the original settings.")
 
-  def restore(self, abstract_train_state, config_dict: dict):
-    """(step, train_state, buffer_state, meta) of the newest checkpoint that restores, or None.
+  def restore(self, abstract_train_state, config_dict: dict) -> Restored | None:
+    """The newest checkpoint that restores, or None when there is none.
 
     `abstract_train_state`: a pytree of jax.ShapeDtypeStruct with shardings,
     so each array is restored straight onto its devices. Newer checkpoints
@@ -117,10 +148,14 @@ class Checkpointer:
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
         self.check_config(config_dict, step)
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            train_state=ocp.args.StandardRestore(abstract_train_state),
-            buffer=ocp.args.StandardRestore(),
-            meta=ocp.args.JsonRestore()))
+        # Checkpoints of older versions have no `unmerged` item.
+        has_unmerged = (epath.Path(self.directory) / str(step) / "unmerged").exists()
+        items = dict(train_state=ocp.args.StandardRestore(abstract_train_state),
+                     buffer=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+        if has_unmerged:
+          items["unmerged"] = ocp.args.StandardRestore()
+        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        unmerged = entries_lib.unpack(restored["unmerged"]) if has_unmerged else []
       except ConfigMismatchError:
         raise
       except Exception as e:  # whatever a damaged file raises: tensorstore, pytree, JSON
@@ -129,7 +164,7 @@ class Checkpointer:
       if skipped:
         self._set_aside(skipped, step)
       buffer_state = jax.tree.map(np.asarray, restored["buffer"])
-      return step, restored["train_state"], buffer_state, restored["meta"]
+      return Restored(step, restored["train_state"], buffer_state, restored["meta"], unmerged)
     if skipped:
       raise CheckpointError(
           f"no checkpoint in {self.directory} restores: " +

@@ -9,7 +9,7 @@ import os
 
 import jax
 
-from tba_jax import hf_checkpoints, losses, rewards, sharding, train_step, weight_sync
+from tba_jax import faults, hf_checkpoints, losses, rewards, sharding, train_step, weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.config_checks import ConfigError
 from tba_jax.evaluation import Evaluator
@@ -159,13 +159,15 @@ def build_task(task_cfg, tokenizer) -> Task:
 
 def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, meshes, *,
                   publish, params, reference, prompt_tokens: dict[int, list[int]],
-                  max_prompt_len: int, seed: int) -> SearcherPool:
+                  max_prompt_len: int, seed: int, max_restarts: int,
+                  fault_cfg) -> SearcherPool:
   """This process's searchers, one per mesh, with the task's reward stage built on each.
 
   `publish(params, i)` places params on searcher i's devices; `params` are the trainer's
   first weights (version 0), `reference` the reference policy's (trainer-side) params.
   Each searcher samples its own shard of the training prompts (a global stride over
-  every process's searchers).
+  every process's searchers). `fault_cfg`: the config's `fault` section, whose
+  searcher_fail_at makes searcher `fault_cfg.searcher`'s reward stage raise (a testing aid).
   """
   s = sampler_cfg
   train_ids = [p.id for p in task.train]
@@ -179,15 +181,19 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
                       top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
                       pad_id=tokenizer.pad_id, mesh=mesh)
     first = publish(params, i)
+    reward = stage.build(mesh)
+    if fault_cfg.searcher_fail_at and shard == fault_cfg.searcher:
+      reward = faults.FailingReward(reward, fault_cfg.searcher_fail_at,
+                                    fault_cfg.searcher_fail_repeats)
     searchers.append(Searcher(
         shard, sampler=sampler, ref_params=first if reference is None else publish(reference, i),
         mailbox=weight_sync.Mailbox(0, first),
         stream=PromptStream(train_ids[shard::num_shards], seed=seed + shard),
         prompt_tokens=prompt_tokens, problems=problems, decode=tokenizer.decode,
-        reward=stage.build(mesh), num_prompts=s.num_prompts_per_batch,
+        reward=reward, num_prompts=s.num_prompts_per_batch,
         num_samples=s.num_samples_per_prompt, max_prompt_len=max_prompt_len, seed=seed))
   return SearcherPool(searchers, publish=publish, max_prompt_len=max_prompt_len,
-                      max_completion_len=s.max_new_tokens)
+                      max_completion_len=s.max_new_tokens, max_restarts=max_restarts)
 
 
 def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, mesh,

@@ -24,6 +24,7 @@ CHOICES = {
     "sync.weights_dtype": ("", "float32", "bfloat16"),
     "model.add_bos": ("auto", "on", "off"),
     "optim.moments_dtype": ("float32", "bfloat16"),
+    "fault.stop_signal": ("SIGKILL", "SIGTERM"),  # faults.SIGNALS
 }
 # Counts and periods that must be >= 1.
 AT_LEAST_ONE = (
@@ -40,7 +41,8 @@ AT_LEAST_ZERO = (
     "loss.ratio_clip", "loss.kl_coef", "loss.ref_reset_every", "optim.learning_rate",
     "optim.warmup_steps", "optim.stable_steps", "optim.decay_steps", "optim.weight_decay",
     "optim.grad_clip_norm", "buffer.max_entries", "eval.every", "eval.every_seconds",
-    "eval.num_problems", "eval.num_samples")
+    "eval.num_problems", "eval.num_samples", "searcher.max_restarts", "fault.searcher_fail_at",
+    "fault.searcher", "fault.stop_at_step", "fault.stop_process")
 # Closed intervals [low, high].
 INTERVALS = {
     "buffer.m": (0.0, 1.0), "buffer.reward_weight": (0.0, 1.0), "optim.b1": (0.0, 1.0),

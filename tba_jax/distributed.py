@@ -1,4 +1,4 @@
-"""Multi-host (multi-controller) runs: start-up and the replay-buffer exchange.
+"""Multi-host (multi-controller) runs: start-up, the replay-buffer exchange, lost hosts.
 
 One process per host. Every process holds the same global replay buffer: every
 k steps each host's new entries reach every host through an all-gather, and
@@ -6,11 +6,26 @@ each host adds them in process order, so all buffers stay identical and every
 host samples the same global batch with the same seed (feeding its own slice
 to the trainer mesh). Every process must call these collectives in the same
 order; searcher threads never call them.
+
+A host that dies without notice (SIGKILL, a crash, a lost machine) stops the
+others within the heartbeat timeout (`initialize`; JAX's 100 s unless set):
+JAX's coordination service declares a process dead when its heartbeats have
+been missing that long, and then terminates every other process with a message
+naming the task that stopped sending them ("The following tasks are unhealthy
+(stopped sending heartbeats): 1"). Nothing in this runtime waits longer: the
+collective a survivor is in either fails when the dead host's connections close
+(at once on CPU/gloo), or hangs until that termination. A failed collective
+raises in the loop, which says so at once and waits for the service's verdict
+(`lost_process_error`): whichever comes first, the loop's `ProcessLostError` or
+JAX's termination, names the lost process, and the survivor exits non-zero.
+When the lost process is 0 (it runs the coordination service), JAX ends the
+others at once ("... the leader task was preempted/died ...").
 """
 from __future__ import annotations
 
 import json
 import os
+import threading
 
 import jax
 import numpy as np
@@ -19,26 +34,84 @@ from tba_jax import entries as entries_lib
 from tba_jax.entries import Entry
 
 
-def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1) -> bool:
+# JAX's default: a process whose heartbeats stop this long is declared dead, and every
+# other process is terminated (module docstring).
+HEARTBEAT_TIMEOUT_S = 100
+_heartbeat_timeout_s = HEARTBEAT_TIMEOUT_S  # this run's (initialize)
+
+
+class ProcessLostError(RuntimeError):
+  """Another process of the run stopped without notice; this one cannot go on alone."""
+
+
+def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1,
+               heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S) -> bool:
   """`jax.distributed.initialize` from arguments or the environment; False if single-process.
 
   Environment fallbacks: TBA_COORDINATOR_ADDRESS, TBA_NUM_PROCESSES, TBA_PROCESS_ID.
   On TPU pods and SLURM clusters JAX discovers all three by itself: pass
-  coordinator_address="auto".
+  coordinator_address="auto". `heartbeat_timeout_s`: how long a silent process
+  may go before the others stop (module docstring).
   """
+  global _heartbeat_timeout_s
   address = coordinator_address or os.environ.get("TBA_COORDINATOR_ADDRESS", "")
   if not address:
     return False
+  _heartbeat_timeout_s = heartbeat_timeout_s
   if address == "auto":
-    jax.distributed.initialize()
+    jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s)
     return True
   num = num_processes or int(os.environ.get("TBA_NUM_PROCESSES", "0"))
   pid = process_id if process_id >= 0 else int(os.environ.get("TBA_PROCESS_ID", "-1"))
   if num < 1 or pid < 0:
     raise ValueError(f"multi-host start needs num_processes and process_id with the coordinator "
                      f"address {address!r} (got num_processes={num}, process_id={pid})")
-  jax.distributed.initialize(address, num_processes=num, process_id=pid)
+  jax.distributed.initialize(address, num_processes=num, process_id=pid,
+                             heartbeat_timeout_seconds=heartbeat_timeout_s)
   return True
+
+
+def lost_process_error(error: Exception) -> ProcessLostError | None:
+  """A ProcessLostError naming the processes gone, when `error` came from losing them.
+
+  A collective whose peer's connection dropped raises whatever its runtime maps
+  the failure to (a ValueError from a jitted gloo all-reduce, a JaxRuntimeError
+  from an all-gather), so any error of a multi-process run is looked into. The
+  liveness query answers once the coordination service has decided, within the
+  heartbeat timeout (module docstring); it is a barrier among the live processes,
+  so when the error was this host's own (the others wait in a collective) it
+  does not answer, and the error is this host's own: None.
+  """
+  if jax.process_count() == 1:
+    return None
+  from jax.experimental import multihost_utils
+  print(f"process {jax.process_index()}: {_first_line(error)}. If another process stopped, it "
+        f"is named within the heartbeat timeout ({_heartbeat_timeout_s} s).", flush=True)
+  alive: set[int] = set()
+
+  def ask():
+    try:
+      with multihost_utils.live_devices(jax.devices()) as devices:
+        alive.update(d.process_index for d in devices)
+    except Exception:  # the coordinator itself is gone, or a process died meanwhile
+      pass
+
+  asker = threading.Thread(target=ask, daemon=True)  # abandoned if it never answers
+  asker.start()
+  asker.join(_heartbeat_timeout_s + 10)
+  lost = sorted(set(range(jax.process_count())) - alive) if alive else []
+  if not lost:
+    return None
+  return ProcessLostError(
+      f"process(es) {lost} of {jax.process_count()} stopped without notice (killed, crashed or "
+      f"their host lost) while process {jax.process_index()} waited for them: "
+      f"{_first_line(error)}. Everything up to the newest checkpoint is kept; rerun the same "
+      "command on every host to resume from it.")
+
+
+def _first_line(error: Exception) -> str:
+  lines = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
 
 
 def all_gather_entries(entries: list[Entry], *, max_prompt_len: int,
@@ -65,11 +138,16 @@ def all_gather_entries(entries: list[Entry], *, max_prompt_len: int,
 
 def broadcast_flags(*flags: bool) -> tuple[bool, ...]:
   """Each flag True on every process when any process raised it (SIGTERM, a failure)."""
+  return tuple(bool(f) for f in all_gather_ints(*flags).max(axis=0))
+
+
+def all_gather_ints(*values: int) -> np.ndarray:
+  """[processes, len(values)] int32: every process's `values`, in process order."""
+  mine = np.array([int(v) for v in values], np.int32)
   if jax.process_count() == 1:
-    return tuple(bool(f) for f in flags)
+    return mine[None]
   from jax.experimental import multihost_utils
-  raised = np.asarray(multihost_utils.process_allgather(np.array(flags, np.int32))).max(axis=0)
-  return tuple(bool(f) for f in raised)
+  return np.asarray(multihost_utils.process_allgather(mine)).reshape(jax.process_count(), -1)
 
 
 def all_gather_json(value) -> list:

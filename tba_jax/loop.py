@@ -16,6 +16,12 @@ exactly synchronous on-policy training.
 Staleness enters at two places, both measured: a sample's version is the
 mailbox version its searcher read at the start of its batch, and the trainer
 reports (its params version - sample version) for every trained sample.
+
+Long runs survive: a checkpoint holds the searchers' unmerged entries and
+cursors as well as the global buffer (a resume loses nothing committed); a
+searcher that raises is restarted (searcher_pool); SIGTERM on any host makes
+every host checkpoint at the same step and return; a host lost without notice
+stops the others within the heartbeat timeout, naming it (distributed).
 """
 from __future__ import annotations
 
@@ -31,7 +37,8 @@ import jax
 import numpy as np
 import tqdm
 
-from tba_jax import config_checks, distributed, hf_checkpoints, run_info, sharding, train_step
+from tba_jax import config_checks, distributed, faults, hf_checkpoints, run_info, sharding
+from tba_jax import train_step
 from tba_jax import config_builders as build
 from tba_jax import weight_sync
 from tba_jax.checkpoint import Checkpointer
@@ -128,7 +135,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   reference = weight_sync.snapshot(state.params, searcher_dtype) if resets else None
   pool = build.searcher_pool(c.sampler, task, tokenizer, searcher_cfg, searcher_meshes,
                              publish=publish, params=state.params, reference=reference,
-                             prompt_tokens=prompt_tokens, max_prompt_len=tp, seed=c.seed)
+                             prompt_tokens=prompt_tokens, max_prompt_len=tp, seed=c.seed,
+                             max_restarts=c.searcher.max_restarts, fault_cfg=c.fault)
   evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg,
                               searcher_meshes[0], tp, progress=is_main)
 
@@ -144,21 +152,35 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
                                   config_dict)
   start_step, elapsed = 0, 0.0
   if restored is not None:
-    start_step, saved, buffer_state, meta = restored
-    state, reference = saved if resets else (saved, None)
-    global_buffer.load_state_dict(buffer_state)
-    pool.load_state_dict(meta["searchers"])
+    start_step, meta = restored.step, restored.meta
+    state, reference = restored.train_state if resets else (restored.train_state, None)
+    global_buffer.load_state_dict(restored.buffer)
+    # The searchers' unmerged entries go back to their local buffers: the next sync merges
+    # them, as it would have without the interruption.
+    pool.load_snapshot(restored.unmerged, meta["searchers"])
     pool.publish(start_step, state.params)
     if resets:
       pool.set_reference(reference)
     elapsed = meta.get("wall_time", 0.0)  # absent in checkpoints of older versions
-    print(f"Resumed from step {start_step} ({len(global_buffer)} buffer entries).")
+    print(f"Resumed from step {start_step} ({len(global_buffer)} buffer entries, "
+          f"{len(restored.unmerged)} searcher entries not merged yet).")
 
   def save(step, state, reference):
-    # Every process takes part: orbax writes the global arrays collectively.
+    # Every process takes part: orbax writes the global arrays collectively. The searchers
+    # keep sampling: the snapshot copies their committed entries and cursors.
+    unmerged, searchers = pool.snapshot()
     checkpointer.save(step, run_state(state, reference), global_buffer.state_dict(),
-                      {"step": step, "searchers": pool.state_dict(),
-                       "wall_time": metrics_writer.elapsed()}, config_dict)
+                      {"step": step, "searchers": searchers,
+                       "wall_time": metrics_writer.elapsed()}, config_dict, unmerged=unmerged)
+
+  def preempted(step, state, reference):
+    """SIGTERM on any process: every process saves this step and returns."""
+    save(step, state, reference)
+    hosts = " on every host" if jax.process_count() > 1 else ""
+    print(f"SIGTERM: saved a checkpoint at step {step} in {checkpointer.directory}; nothing "
+          f"the searchers finished is lost (work in flight is sampled again). Rerun the same "
+          f"command{hosts} with the same --workdir to resume.", flush=True)
+    return {"step": step, "terminated": True, **_buffer_summary(global_buffer)}
 
   def stop_if_a_searcher_failed(state, reference):
     if pool.failed():
@@ -186,6 +208,9 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   training = start_step < c.num_train_steps  # else only the final evaluation is left
   terminated = threading.Event()
   previous_handler = _install_sigterm(terminated)
+  fault = c.fault  # a testing aid (faults.py); None unless it asks this process to stop
+  stop_here = (faults.ProcessStop(fault.stop_at_step, fault.stop_signal)
+               if fault.stop_at_step and fault.stop_process == jax.process_index() else None)
   clock = _Clock()
 
   try:
@@ -199,11 +224,13 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     t0 = time.perf_counter()
     while start_step == 0 and len(global_buffer) < c.buffer.prefill:
       if mode == "async":
-        time.sleep(0.05)
+        time.sleep(0.1)
         stop_if_a_searcher_failed(state, reference)
       else:
         search_round(c.buffer.num_prompts, state, reference)
       pool.merge(global_buffer)
+      if distributed.broadcast_flags(terminated.is_set())[0]:
+        return preempted(0, state, reference)  # a resume goes on pre-filling
     if start_step == 0:
       global_buffer.mark_sync()
     if mode == "async":
@@ -241,6 +268,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
         raise FloatingPointError(
             f"loss is {m['loss']} at step {step + 1} (grad_norm={m['grad_norm']}); stopping "
             f"without saving. The checkpoints in {checkpointer.directory} are intact.")
+      if stop_here:
+        stop_here(step + 1)
 
       # Sync: weights to the searchers, their new entries into the global buffer.
       # (Alternate mode merges at its next search round.)
@@ -291,11 +320,10 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       if due and not last_step:
         metrics_writer.write(done, evaluate(state.params, done))
         last_eval = time.perf_counter()
-      if done % c.checkpoint.every == 0 or last_step or terminate:
-        save(done, state, reference)
       if terminate:
-        print(f"SIGTERM: saved a checkpoint at step {done}; rerun to resume.")
-        return {"step": done, "terminated": True}
+        return preempted(done, state, reference)
+      if done % c.checkpoint.every == 0 or last_step:
+        save(done, state, reference)
       if out_of_time:
         last = done
         break
@@ -311,6 +339,13 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       _write_json(os.path.join(workdir, FINISHED_FILE), {"step": last, **final})
       print(f"Finished at step {last}: " + ", ".join(f"{k} {v:.3f}" for k, v in final.items()))
     return {"step": last, **final, **_buffer_summary(global_buffer)}
+  except (SearcherError, FloatingPointError):
+    raise  # raised by every process at the same step
+  except Exception as e:
+    lost = distributed.lost_process_error(e)  # None unless another process is gone
+    if lost is None:
+      raise
+    raise lost from e
   finally:
     pool.stop()
     if previous_handler is not None:

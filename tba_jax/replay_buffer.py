@@ -215,14 +215,23 @@ class ReplayBuffer:
     evicted locally before the drain is not shipped (its successor is).
     """
     with self._lock:
-      new = []
-      for seq in reversed(self._by_seq):
-        if seq < self._drain_from:
-          break
-        pid, key = self._by_seq[seq]
-        new.append(self._entries[pid][key][1])
+      new = self._new_locked()
       self._drain_from = self._next_seq
-      return new[::-1]
+      return new
+
+  def peek_new(self) -> list[Entry]:
+    """What `drain_new` would return, without draining (a checkpoint of a local buffer)."""
+    with self._lock:
+      return self._new_locked()
+
+  def _new_locked(self) -> list[Entry]:
+    new = []
+    for seq in reversed(self._by_seq):
+      if seq < self._drain_from:
+        break
+      pid, key = self._by_seq[seq]
+      new.append(self._entries[pid][key][1])
+    return new[::-1]
 
   def entries(self, prompt_id: int | None = None) -> list[Entry]:
     """Live entries (of one prompt, or all), oldest first."""

@@ -4,17 +4,24 @@ One `search_once` call: take the newest published weights from the mailbox,
 draw the next prompts of this searcher's shard, sample S completions of each,
 score the batch with the task's reward stage, compute the reference model's
 per-token log-probs of each completion, and add the stamped entries (policy
-version, searcher id) to the searcher's local replay buffer. `run` repeats that
-in a thread until told to stop; an exception is kept with its traceback for the
-trainer to report. The searchers of a process are driven together by
-`searcher_pool.SearcherPool`.
+version, searcher id) to the searcher's local replay buffer. The searchers of a
+process are driven together by `searcher_pool.SearcherPool` (threads, restarts).
+
+What the pool needs for lossless checkpoints and restarts: the prompts of a batch
+are "in flight" from the moment they are taken until its entries are committed
+to the local buffer (entries, cursor and counters change together, under a lock
+held only for that copy). `snapshot()` returns the undrained entries with a
+state whose cursor puts the prompts in flight back at the front of the stream,
+so a resume samples them again instead of skipping them; `restart()` after a
+failed batch does the same in place. A searcher that keeps several batches (or
+slots) in flight provides the same: its unfinished work is dropped and its
+prompts re-queued.
 """
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
-import traceback
 from typing import Callable, Sequence
 
 import jax
@@ -32,16 +39,21 @@ from tba_jax.weight_sync import Mailbox
 
 
 class PromptStream:
-  """A shard of prompt ids, reshuffled every epoch from (seed, epoch)."""
+  """A shard of prompt ids, reshuffled every epoch from (seed, epoch).
+
+  Prompts handed back with `requeue` (work dropped by a restart or a checkpoint)
+  are taken first, before the shuffled order continues.
+  """
 
   def __init__(self, ids: Sequence[int], seed: int):
     if not ids:
       raise ValueError("a searcher got an empty prompt shard (more searchers than prompts?)")
     self.ids, self.seed = np.asarray(ids), seed
     self.epoch = self.position = 0
+    self.requeued: list[int] = []
 
   def take(self, n: int) -> list[int]:
-    out = []
+    out, self.requeued = self.requeued[:n], self.requeued[n:]
     while len(out) < n:
       order = np.random.default_rng([self.seed, self.epoch]).permutation(self.ids)
       chunk = order[self.position:self.position + n - len(out)]
@@ -51,11 +63,16 @@ class PromptStream:
         self.epoch, self.position = self.epoch + 1, 0
     return out
 
+  def requeue(self, ids: Sequence[int]) -> None:
+    """`ids` (taken earlier, in that order) are taken again before anything else."""
+    self.requeued = [int(i) for i in ids] + self.requeued
+
   def state_dict(self) -> dict:
-    return {"epoch": self.epoch, "position": self.position}
+    return {"epoch": self.epoch, "position": self.position, "requeued": list(self.requeued)}
 
   def load_state_dict(self, state: dict) -> None:
     self.epoch, self.position = int(state["epoch"]), int(state["position"])
+    self.requeued = [int(i) for i in state.get("requeued", [])]  # absent in older checkpoints
 
 
 # Teacher-forced per-token log-probs of the completion columns (the trainer's
@@ -95,49 +112,54 @@ class Searcher:
     self.key = jax.random.fold_in(jax.random.key(seed), searcher_id)
     # Local staging, drained into the global buffer (which de-duplicates if configured).
     self.buffer = ReplayBuffer(max_per_prompt=10**9, dedup=False)
-    self.num_batches = 0
+    self.num_batches = 0  # committed batches; batch b samples with fold_in(key, b)
     self.stats = SearchStats()
-    self.error: str | None = None
-    self.lock = threading.Lock()  # held for a whole batch: checkpoints see whole batches
+    # Held while prompts are taken and while a batch's entries, cursor and counters are
+    # committed (a copy), never for a whole batch: a snapshot waits for no sampling.
+    self._commit = threading.Lock()
+    self._in_flight: list[int] = []  # prompts taken whose entries are not committed yet
 
   def set_reference(self, params: Params) -> None:
-    """Reference reset (TBA-prime): later samples are scored against `params`."""
-    with self.lock:
-      self.ref_params = params
+    """Reference reset (TBA-prime): batches scored from now on use `params`."""
+    self.ref_params = params  # read once per batch (_reference_logprobs)
 
   def search_once(self) -> int:
     """One batch of prompts x S samples into the local buffer; returns #samples."""
-    with self.lock:
-      start = time.perf_counter()
-      version, params = self.mailbox.get()  # newest weights; the old ones stay valid
-      ids = self.stream.take(self.num_prompts)
-      # [P] prompts -> [P * S] rows, prompt-major: row r is prompt ids[r // S].
-      rows = [i for i in ids for _ in range(self.num_samples)]
-      prompts = [self.prompt_tokens[i] for i in rows]
-      out = self.sampler(params, prompts, jax.random.fold_in(self.key, self.num_batches))
-      completions = [out.tokens[r, :out.lengths[r]] for r in range(len(rows))]
-      eos = set(self.sampler.options.eos_ids)
-      ended = np.array([c.size > 0 and int(c[-1]) in eos for c in completions])
-      rewards = np.asarray(self.reward(RewardBatch(
-          problems=[self.problems[i] for i in rows], prompts=prompts, completions=completions,
-          ended_with_eos=ended, texts=[self.decode(c) for c in completions])), np.float32)
-      if rewards.shape != (len(rows),):
-        raise ValueError(f"the reward stage returned shape {rewards.shape} for {len(rows)} "
-                         "completions; expected one reward per completion")
-      ref = self._reference_logprobs(prompts, out)
-      entries = [Entry(prompt_id=i, prompt=prompts[r], completion=completions[r],
-                       reward=float(rewards[r]), ref_logprobs=ref[r, :completions[r].size],
-                       behaviour_logprobs=out.tempered_logprobs[r, :completions[r].size],
-                       version=version, searcher_id=self.id, ended_with_eos=bool(ended[r]))
-                 for r, i in enumerate(rows)]
+    start = time.perf_counter()
+    version, params = self.mailbox.get()  # newest weights; the old ones stay valid
+    with self._commit:
+      ids = self._in_flight = self.stream.take(self.num_prompts)
+      # A retried batch (after a restart) samples with the key of the batch it replaces.
+      key = jax.random.fold_in(self.key, self.num_batches)
+    # [P] prompts -> [P * S] rows, prompt-major: row r is prompt ids[r // S].
+    rows = [i for i in ids for _ in range(self.num_samples)]
+    prompts = [self.prompt_tokens[i] for i in rows]
+    out = self.sampler(params, prompts, key)
+    completions = [out.tokens[r, :out.lengths[r]] for r in range(len(rows))]
+    eos = set(self.sampler.options.eos_ids)
+    ended = np.array([c.size > 0 and int(c[-1]) in eos for c in completions])
+    rewards = np.asarray(self.reward(RewardBatch(
+        problems=[self.problems[i] for i in rows], prompts=prompts, completions=completions,
+        ended_with_eos=ended, texts=[self.decode(c) for c in completions])), np.float32)
+    if rewards.shape != (len(rows),):
+      raise ValueError(f"the reward stage returned shape {rewards.shape} for {len(rows)} "
+                       "completions; expected one reward per completion")
+    ref = self._reference_logprobs(prompts, out)
+    entries = [Entry(prompt_id=i, prompt=prompts[r], completion=completions[r],
+                     reward=float(rewards[r]), ref_logprobs=ref[r, :completions[r].size],
+                     behaviour_logprobs=out.tempered_logprobs[r, :completions[r].size],
+                     version=version, searcher_id=self.id, ended_with_eos=bool(ended[r]))
+               for r, i in enumerate(rows)]
+    with self._commit:  # a snapshot sees the whole batch, or its prompts in flight
       self.buffer.add_many(entries)
+      self._in_flight = []
       self.num_batches += 1
       self.stats.num_batches += 1
       self.stats.num_samples += len(rows)
       self.stats.reward_sum += float(rewards.sum())
       self.stats.tokens += int(out.lengths.sum())
       self.stats.busy_seconds += time.perf_counter() - start
-      return len(rows)
+    return len(rows)
 
   def _reference_logprobs(self, prompts: list[list[int]], out: Rollouts) -> np.ndarray:
     """[N, Tc] reference log-probs of the sampled completions, 0 past each one's end."""
@@ -153,25 +175,42 @@ class Searcher:
                               temperature=self.sampler.options.temperature)
     return np.where(mask[:n, tp:] > 0, np.asarray(lp)[:n], 0.0)
 
-  def run(self, stop: threading.Event) -> None:
-    """Thread body: search until `stop` is set; an exception is kept, then re-raised."""
-    try:
-      while not stop.is_set():
-        self.search_once()
-    except BaseException:  # reported by the trainer with the traceback
-      self.error = traceback.format_exc()
-      stop.set()
+  # --- Restarts and checkpoints (SearcherPool) -----------------------------------------------
+  def in_flight(self) -> list[int]:
+    """Prompt ids taken whose entries are not committed yet."""
+    with self._commit:
+      return list(self._in_flight)
 
-  def state_dict(self) -> dict:
-    with self.lock:
-      # The counters continue across a resume; busy time is per process (a fraction of its
-      # wall-clock), so it starts again.
+  def restart(self) -> None:
+    """After a failed `search_once`: its prompts go back to the front of the stream.
+
+    The retried batch samples with the same key, and with the newest weights the
+    mailbox holds (read at the start of every batch).
+    """
+    with self._commit:
+      self.stream.requeue(self._in_flight)
+      self._in_flight = []
+
+  def snapshot(self) -> tuple[list[Entry], dict]:
+    """(entries not yet drained, the state that goes with them), taken together.
+
+    The state's cursor puts the prompts in flight back at the front of the
+    stream: `load_snapshot` of both loses nothing committed and skips no prompt.
+    The counters continue across a resume; busy time is per process (a fraction
+    of its wall-clock), so it starts again.
+    """
+    with self._commit:
+      stream = self.stream.state_dict()
+      stream["requeued"] = self._in_flight + stream["requeued"]
       stats = {k: v for k, v in dataclasses.asdict(self.stats).items() if k != "busy_seconds"}
-      return {"stream": self.stream.state_dict(), "num_batches": self.num_batches,
-              "stats": stats}
+      return self.buffer.peek_new(), {"stream": stream, "num_batches": self.num_batches,
+                                      "stats": stats}
 
-  def load_state_dict(self, state: dict) -> None:
-    with self.lock:
+  def load_snapshot(self, entries: Sequence[Entry], state: dict) -> None:
+    """A `snapshot`: its entries reach the global buffer at the next merge."""
+    with self._commit:
       self.stream.load_state_dict(state["stream"])
       self.num_batches = int(state["num_batches"])
       self.stats = SearchStats(**state.get("stats", {}))  # absent in older checkpoints
+      self._in_flight = []
+      self.buffer.add_many(entries)

@@ -1,58 +1,76 @@
 """This process's searchers, as the trainer's loop drives them.
 
-  pool = SearcherPool(searchers, publish=..., max_prompt_len=Tp, max_completion_len=Tc)
+  pool = SearcherPool(searchers, publish=..., max_prompt_len=Tp, max_completion_len=Tc,
+                      max_restarts=R)
   pool.start()                      # async mode: one thread per searcher
   pool.search_round(num_prompts)    # alternate mode: the searchers run in the caller's thread
   pool.publish(version, params)     # new weights; a searcher takes them at its next batch
   pool.merge(global_buffer)         # every host's new entries, in the same order everywhere
-  if pool.failed(): ...             # collective: True on every host when any searcher failed
+  if pool.failed(): ...             # collective: True on every host when any searcher gave up
+  entries, states = pool.snapshot() # collective: every host's unmerged entries and cursors
   pool.stop()
 
-Every method that talks to other hosts (`merge`, `failed`, `state_dict`) is a
-collective: all processes call it at the same step, in the same order. The
+Restarts. A searcher whose batch raises is restarted in place (`Searcher.restart`:
+its prompts in flight are re-queued; the retry reads the newest published weights),
+at most `max_restarts` times per searcher and per run (the count is checkpointed).
+Each restart is printed with its traceback and counted (`searcher_restarts`). A
+searcher gives up, and the run stops after a checkpoint, when its budget is spent
+or when a retried prompt fails again: a failure that follows the prompt is
+deterministic, and retrying it would loop.
+
+Every method that talks to other hosts (`merge`, `failed`, `error`, `snapshot`)
+is a collective: all processes call it at the same step, in the same order. The
 searcher threads themselves only use their host's devices.
 """
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 
 from tba_jax import distributed
+from tba_jax.entries import Entry
 from tba_jax.model import Params
 from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.searcher import Searcher
 
 
 class SearcherError(RuntimeError):
-  """A searcher raised; the message holds every failed searcher's traceback."""
+  """A searcher gave up; the message holds every failed searcher's reason and traceback."""
 
 
 class SearcherPool:
-  """The searchers of one process: threads, weights, merges, failures, state, metrics.
+  """The searchers of one process: threads, weights, merges, restarts, state, metrics.
 
   `publish(params, i)` copies trainer params onto searcher i's devices (in the
   searchers' dtype), e.g. a bound weight_sync.publish.
   """
 
   def __init__(self, searchers: list[Searcher], *, publish: Callable[[Params, int], Params],
-               max_prompt_len: int, max_completion_len: int):
+               max_prompt_len: int, max_completion_len: int, max_restarts: int = 0):
     self.searchers, self._publish = searchers, publish
     self.max_prompt_len, self.max_completion_len = max_prompt_len, max_completion_len
+    self.max_restarts = max_restarts
+    n = len(searchers)
+    self._errors: list[str | None] = [None] * n    # why searcher i gave up
+    self._restarts = [0] * n                       # restarts of searcher i in this run
+    self._retrying: list[set[int]] = [set() for _ in range(n)]  # prompts of its last failure
+    self._restarts_all = 0  # every host's restarts, as of the latest `failed` (or restore)
     self._stop = threading.Event()
     self._threads: list[threading.Thread] = []
     self._start_time: float | None = None
 
   # --- Running -------------------------------------------------------------------------------
   def start(self) -> None:
-    """Async mode: every searcher samples in its own thread until `stop`."""
+    """Async mode: every searcher samples in its own thread until `stop` (or it gives up)."""
     self._started()
-    self._threads = [threading.Thread(target=sr.run, args=(self._stop,), name=f"searcher-{sr.id}",
-                                      daemon=True) for sr in self.searchers]
+    self._threads = [threading.Thread(target=self._run, args=(i,), name=f"searcher-{sr.id}",
+                                      daemon=True) for i, sr in enumerate(self.searchers)]
     for t in self._threads:
       t.start()
 
@@ -64,18 +82,56 @@ class SearcherPool:
   def search_round(self, num_prompts: int) -> None:
     """Alternate mode: at least `num_prompts` prompts over all searchers of all hosts.
 
-    A searcher that raises is recorded as a thread's failure would be (`failed`).
+    A failed batch is retried after a restart and does not count; a searcher
+    that gives up ends its part of the round (`failed`).
     """
     self._started()
     s = self.searchers[0]
     per = math.ceil(num_prompts / (len(self.searchers) * jax.process_count() * s.num_prompts))
-    for sr in self.searchers:
-      for _ in range(per):
-        try:
-          sr.search_once()
-        except Exception:
-          sr.error = traceback.format_exc()
-          break
+    for i in range(len(self.searchers)):
+      done = 0
+      while done < per and self._errors[i] is None:
+        done += self._step(i)
+
+  def _run(self, i: int) -> None:
+    """Thread body: batches until stopped or given up."""
+    try:
+      while not self._stop.is_set() and self._errors[i] is None:
+        self._step(i)
+    except BaseException:  # not an Exception (e.g. SystemExit in the thread): no restart
+      self._errors[i] = traceback.format_exc()
+
+  def _step(self, i: int) -> bool:
+    """One batch of searcher i; False when it raised (then restarted, or given up)."""
+    sr = self.searchers[i]
+    try:
+      sr.search_once()
+    except Exception:
+      self._failed(i, traceback.format_exc())
+      return False
+    if self._retrying[i] and not self._retrying[i] & set(sr.in_flight()):
+      self._retrying[i] = set()  # the prompts that failed before went through
+    return True
+
+  def _failed(self, i: int, trace: str) -> None:
+    """Restarts searcher i, or records why it gives up."""
+    sr = self.searchers[i]
+    prompts = sorted(set(sr.in_flight()))
+    again = sorted(self._retrying[i] & set(prompts))
+    if again:
+      self._errors[i] = (f"prompt id(s) {again} failed again after a restart (the failure "
+                         f"follows the prompt, so it is not retried):\n{trace}")
+    elif self._restarts[i] >= self.max_restarts:
+      self._errors[i] = (f"failed after {self._restarts[i]} restart(s) "
+                         f"(searcher.max_restarts={self.max_restarts}):\n{trace}")
+    else:
+      self._restarts[i] += 1
+      self._retrying[i] = set(prompts)
+      sr.restart()
+      print(f"WARNING: searcher {sr.id} raised on prompt id(s) {prompts}; restarted "
+            f"({self._restarts[i]} of searcher.max_restarts={self.max_restarts}) with the "
+            f"latest published weights (version {sr.mailbox.version}), its prompts "
+            f"re-queued:\n{trace}", file=sys.stderr, flush=True)
 
   def _started(self) -> None:
     if self._start_time is None:
@@ -102,31 +158,56 @@ class SearcherPool:
     return len(new)
 
   def failed(self) -> bool:
-    """True on every host when a searcher of any host failed."""
-    return distributed.broadcast_flags(any(sr.error is not None for sr in self.searchers))[0]
+    """True on every host when a searcher of any host gave up (also counts the restarts)."""
+    counts = distributed.all_gather_ints(
+        any(e is not None for e in self._errors), sum(self._restarts))
+    self._restarts_all = int(counts[:, 1].sum())
+    return bool(counts[:, 0].any())
 
   def error(self, step: int) -> SearcherError:
-    failed = [sr for sr in self.searchers if sr.error is not None]
+    """Every host's failed searchers, for the run's final error (after `failed`)."""
+    mine = [f"searcher {sr.id}: {e}" for sr, e in zip(self.searchers, self._errors) if e]
+    reasons = [r for host in distributed.all_gather_json(mine) for r in host]
     return SearcherError(
-        f"a searcher failed; the run stopped after saving a checkpoint at step {step}.\n" +
-        "\n".join(f"searcher {sr.id}:\n{sr.error}" for sr in failed))
+        f"a searcher gave up; the run stopped after saving a checkpoint at step {step}.\n" +
+        "\n".join(reasons))
 
-  def state_dict(self) -> list[list[dict]]:
-    """Every process's searcher states, [process][searcher] (for a checkpoint)."""
-    states = [sr.state_dict() for sr in self.searchers]
-    return distributed.all_gather_json(states)
+  def snapshot(self) -> tuple[list[Entry], list[list[dict]]]:
+    """Every host's entries not yet merged, and [process][searcher] states, for a checkpoint.
 
-  def load_state_dict(self, states: list[list[dict]]) -> None:
-    for sr, st in zip(self.searchers, states[jax.process_index()]):
-      sr.load_state_dict(st)
+    Each searcher's pair is taken together (`Searcher.snapshot`), without waiting
+    for a batch; with the global buffer saved at the same step, a resume has every
+    entry committed before this call and re-samples only the prompts in flight.
+    """
+    snaps = [sr.snapshot() for sr in self.searchers]
+    entries = distributed.all_gather_entries(
+        [e for es, _ in snaps for e in es], max_prompt_len=self.max_prompt_len,
+        max_completion_len=self.max_completion_len)
+    states = [{"searcher": st, "restarts": n} for (_, st), n in zip(snaps, self._restarts)]
+    return entries, distributed.all_gather_json(states)
+
+  def load_snapshot(self, entries: Sequence[Entry], states: list[list[dict]]) -> None:
+    """A `snapshot` (every host's): each searcher takes back its own entries and cursor."""
+    if [len(s) for s in states] != [len(self.searchers)] * jax.process_count():
+      raise ValueError(
+          f"the checkpoint holds searchers {[len(s) for s in states]} per process; this run has "
+          f"{len(self.searchers)} on each of {jax.process_count()} process(es). Resume with the "
+          "process count of the run that saved it.")
+    for i, (sr, st) in enumerate(zip(self.searchers, states[jax.process_index()])):
+      # Checkpoints of older versions hold the searcher's state alone.
+      sr.load_snapshot([e for e in entries if e.searcher_id == sr.id], st.get("searcher", st))
+      self._restarts[i] = int(st.get("restarts", 0))
+    self._restarts_all = sum(int(st.get("restarts", 0)) for host in states for st in host)
 
   # --- Metrics -------------------------------------------------------------------------------
   def metrics(self) -> dict:
-    """This process's searchers: busy fraction since they started, samples, mean reward."""
+    """This process's searchers: busy fraction since they started, samples, mean reward;
+    every host's restarts so far (as of the latest sync)."""
     elapsed = time.perf_counter() - (self._start_time or time.perf_counter())
     busy = sum(sr.stats.busy_seconds for sr in self.searchers) / len(self.searchers)
     samples = sum(sr.stats.num_samples for sr in self.searchers)
     return {"searcher_busy_fraction": min(busy / max(elapsed, 1e-9), 1.0),
             "searcher_samples": samples,
             "searcher_reward_mean": sum(sr.stats.reward_sum for sr in self.searchers) /
-                                    max(samples, 1)}
+                                    max(samples, 1),
+            "searcher_restarts": self._restarts_all}

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tba_jax.checkpoint import Checkpointer, CheckpointError, ConfigMismatchError
+from tba_jax.entries import Entry
 
 CONFIG = {"model": {"path": "random"}, "num_train_steps": 10}
 
@@ -53,8 +54,8 @@ def test_damaged_newest_checkpoint_falls_back_and_is_moved_aside(tmp_path, capsy
   _save(directory, 2, 4)
   damage(os.path.join(directory, "4"))
   ckpt = Checkpointer(directory)
-  step, state, buffer, meta = ckpt.restore(_abstract(), CONFIG)
-  assert step == 2 and meta == {"step": 2}
+  step, state, buffer, meta, unmerged = ckpt.restore(_abstract(), CONFIG)
+  assert step == 2 and meta == {"step": 2} and unmerged == []
   np.testing.assert_array_equal(state.w, _state(2).w)
   np.testing.assert_array_equal(buffer["x"], np.arange(3))
   out = capsys.readouterr().out
@@ -86,3 +87,50 @@ def test_a_config_mismatch_is_refused_not_skipped(tmp_path):
   with pytest.raises(ConfigMismatchError, match="model.path: 'random' -> 'other'"):
     Checkpointer(directory).restore(_abstract(), changed)
   assert os.listdir(directory) == ["2"]
+
+
+def _entry(pid, completion, searcher):
+  n = len(completion)
+  return Entry(prompt_id=pid, prompt=np.arange(pid + 1), completion=np.array(completion),
+               reward=0.5 * pid, ref_logprobs=-np.arange(n) / 3, behaviour_logprobs=-np.ones(n),
+               version=pid + 1, searcher_id=searcher, ended_with_eos=bool(n))
+
+
+def test_the_searchers_unmerged_entries_round_trip_in_order(tmp_path):
+  directory = str(tmp_path / "checkpoints")
+  unmerged = [_entry(3, [7, 8, 9], 1), _entry(0, [], 0), _entry(5, [4], 1)]
+  ckpt = Checkpointer(directory)
+  ckpt.save(2, _state(2), {"x": np.arange(3)}, {"step": 2}, CONFIG, unmerged=unmerged)
+  ckpt.save(4, _state(4), {"x": np.arange(5)}, {"step": 4}, CONFIG)  # none unmerged
+  restored = ckpt.restore(_abstract(), CONFIG)
+  assert restored.step == 4 and restored.unmerged == []
+  ckpt.manager.delete(4)
+  back = ckpt.restore(_abstract(), CONFIG).unmerged
+  assert len(back) == 3
+  for a, b in zip(back, unmerged):
+    assert (a.prompt_id, a.reward, a.version, a.searcher_id, a.ended_with_eos) == \
+        (b.prompt_id, b.reward, b.version, b.searcher_id, b.ended_with_eos)
+    for field in ("prompt", "completion", "ref_logprobs", "behaviour_logprobs"):
+      np.testing.assert_array_equal(getattr(a, field), np.asarray(getattr(b, field), np.float32))
+  ckpt.close()
+
+
+def test_a_checkpoint_without_unmerged_entries_restores_with_none(tmp_path):
+  # Checkpoints written before the searchers' entries were saved have no `unmerged` item.
+  directory = str(tmp_path / "checkpoints")
+  _save(directory, 2)
+  import shutil
+  shutil.rmtree(os.path.join(directory, "2", "unmerged"))
+  restored = Checkpointer(directory).restore(_abstract(), CONFIG)
+  assert restored.step == 2 and restored.unmerged == []
+
+
+def test_saving_a_step_again_replaces_it(tmp_path):
+  # A pre-fill stopped twice saves step 0 twice; the second holds more.
+  ckpt = Checkpointer(str(tmp_path / "checkpoints"))
+  ckpt.save(0, _state(0), {"x": np.arange(2)}, {"step": 0}, CONFIG)
+  ckpt.save(0, _state(0), {"x": np.arange(5)}, {"step": 0}, CONFIG, unmerged=[_entry(1, [2], 0)])
+  restored = ckpt.restore(_abstract(), CONFIG)
+  np.testing.assert_array_equal(restored.buffer["x"], np.arange(5))
+  assert [e.prompt_id for e in restored.unmerged] == [1]
+  ckpt.close()

@@ -1,4 +1,5 @@
-"""`python -m experiments.gsm8k` end to end: kill and resume, SIGTERM, config errors, plots.
+"""`python -m experiments.gsm8k` end to end: kill and lossless resume, SIGTERM, config errors,
+plots.
 
 The tiny config's plain run is README's smoke command (readme_test.py)."""
 import json
@@ -8,8 +9,10 @@ import subprocess
 import sys
 import time
 
+import orbax.checkpoint as ocp
 import pytest
 
+from configs import gsm8k as gsm8k_config
 from tba_jax.metrics import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,35 +40,70 @@ def _steps(workdir):
   return sorted(int(s) for s in os.listdir(d) if s.isdigit()) if os.path.isdir(d) else []
 
 
-def _wait_for_checkpoint(proc, workdir, timeout=240):
-  deadline = time.time() + timeout
-  while time.time() < deadline and proc.poll() is None:
-    if _steps(workdir):
-      return
-    time.sleep(0.2)
-  proc.kill()
-  raise AssertionError(f"no checkpoint appeared: {proc.stdout.read()[-3000:]}")
+def _read_log(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f]
 
 
-def test_sigkill_mid_run_then_rerun_resumes_to_the_final_step(tmp_path):
-  workdir = str(tmp_path)
-  arg = "tiny,num_train_steps=40,checkpoint.every=2,eval.every=0"
-  proc = _start(workdir, arg)
-  _wait_for_checkpoint(proc, workdir)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=30)
-  killed_at = _steps(workdir)
-  assert killed_at and killed_at[-1] < 40, killed_at
-  out = subprocess.run(_command(workdir, arg), cwd=ROOT, env=_env(), capture_output=True,
-                       text=True, timeout=300)
-  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-  resumed = [line for line in out.stdout.splitlines() if line.startswith("Resumed from step")]
-  assert resumed, out.stdout[-2000:]
-  step, entries = resumed[0].split()[3], resumed[0].split("(")[1].split()[0]
-  assert int(step) >= killed_at[-1] and int(entries) > 0
-  assert _steps(workdir)[-1] == 40
+def test_a_run_killed_after_a_checkpoint_resumes_with_every_entry_and_no_prompt_twice(tmp_path):
+  # Async (2 CPU devices): the searcher samples ahead of the trainer; the fault injection
+  # SIGKILLs the process after step 5's update, past the checkpoint of step 4, which holds
+  # the entries committed since the sync of step 3.
+  from resume_worker import digest
+  from tba_jax import config_builders
+  from tba_jax import tokenizer as tokenizer_lib
+  from tba_jax.checkpoint import Checkpointer
+  from tba_jax.replay_buffer import ReplayBuffer
+  from tba_jax.searcher import PromptStream
+  workdir, logs = str(tmp_path / "run"), [str(tmp_path / f"log{i}.jsonl") for i in (1, 2)]
+  arg = ("tiny,mesh.num_cpu_devices=2,sync.mode=async,sync.every=3,num_train_steps=8,"
+         "checkpoint.every=2,"
+         "eval.every=0,export=false,buffer.dedup=false,buffer.max_per_prompt=1000000")
+  worker = lambda log, extra: subprocess.run(
+      [sys.executable, os.path.join(ROOT, "tests", "resume_worker.py"), log,
+       *_command(workdir, arg + extra)[3:]], cwd=ROOT, env=_env(), capture_output=True,
+      text=True, timeout=400)
+  killed = worker(logs[0], ",fault.stop_at_step=5")
+  assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
+  assert "fault.stop_at_step=5: sending this process SIGKILL" in killed.stdout
+  assert _steps(workdir) == [2, 4]
+  resumed = worker(logs[1], "")
+  assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+  line = next(x for x in resumed.stdout.splitlines() if x.startswith("Resumed from step"))
+  assert line.startswith("Resumed from step 4 ("), line
+
+  # What the killed run's searcher had committed when checkpoint 4 was taken.
+  first = _read_log(logs[0])
+  snap = max(i for i in range(first.index({"save": 4})) if "snapshot" in first[i])
+  before = [r for r in first[:snap] if "commit" in r]
+  assert all(r["thread"].startswith("searcher-") for r in before)
+  generated = {d for r in before for d in r["commit"]}
+  assert len(generated) > 8 * 4  # many batches, more than a checkpoint's worth of merges
+  second = _read_log(logs[1])
+  handed_back = [r for r in second if "commit" in r and r["thread"] == "MainThread"]
+  assert first[snap]["snapshot"] > 0  # the checkpoint held entries not merged yet ...
+  assert len(handed_back) == 1 and first[snap]["snapshot"] == len(handed_back[0]["commit"])
+
+  # ... and every entry is in the resumed run's buffer (its last checkpoint; nothing evicted).
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
+  restored = ckpt.manager.restore(8, args=ocp.args.Composite(buffer=ocp.args.StandardRestore()))
+  buffer = ReplayBuffer(max_per_prompt=10**9, dedup=False)
+  buffer.load_state_dict(restored["buffer"])
+  ckpt.close()
+  final = {digest(e) for e in buffer.entries()}
+  assert not generated - final, f"{len(generated - final)} of {len(generated)} entries lost"
+
+  # The prompts of the batches committed before the checkpoint, then those of the resumed
+  # run, are the prompt stream's own sequence: none skipped, none sampled twice.
+  c = gsm8k_config.get_config(arg)
+  train = config_builders.build_task(c.task, tokenizer_lib.byte_tokenizer()).train
+  per = c.sampler.num_samples_per_prompt
+  after = [r for r in second if "commit" in r and r["thread"].startswith("searcher-")]
+  taken = [p for r in before + after for p in r["rows"][::per]]
+  stream = PromptStream([p.id for p in train], seed=c.seed)
+  assert taken == stream.take(len(taken))
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  assert [r["step"] for r in rows if "loss" in r] == list(range(1, 41))
+  assert [r["step"] for r in rows if "loss" in r] == list(range(1, 9))
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):

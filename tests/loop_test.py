@@ -139,26 +139,73 @@ def test_synchronous_mode_equals_a_plain_synchronous_loop(tmp_path):
   assert moved > 1e-3  # training really changed the parameters
 
 
-def test_searcher_failure_stops_the_run_with_its_traceback_and_a_checkpoint(tmp_path):
+def _faulty(num_train_steps, num_devices=2, **fault):
+  return tiny_config(num_train_steps=num_train_steps, max_train_seconds=120.0,
+                     mesh=dict(num_devices=num_devices, num_trainer_devices=1),
+                     sync=dict(mode="async", every=2), buffer=dict(prefill=8),
+                     searcher=dict(max_restarts=2), fault=fault)
+
+
+@pytest.mark.parametrize("num_devices", [2, 1])  # async; alternate (batch 3 in a round)
+def test_a_searcher_failure_is_restarted_and_the_run_finishes(tmp_path, capsys, num_devices):
+  c = _faulty(8, num_devices, searcher_fail_at=3)
+  assert loop.run(c, str(tmp_path), task=toy_task(c))["step"] == 8
+  rows = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "loss" in r]
+  assert [r["step"] for r in rows] == list(range(1, 9))
+  assert rows[-1]["searcher_restarts"] == 1
+  err = capsys.readouterr().err
+  assert "searcher 0 raised on prompt id(s)" in err and "restarted (1 of searcher.max_restarts=2)" in err
+  assert "InjectedFault: injected failure (fault.searcher_fail_at=3) in reward batch 3" in err
+
+
+def test_a_failure_that_repeats_on_its_prompt_stops_the_run_naming_it(tmp_path):
   # The trainer never waits for searchers, so it gets more steps than it can take before the
-  # failure; the time limit ends the run (and fails the test) if the searcher never fails.
-  c = tiny_config(num_train_steps=100_000, max_train_seconds=120.0,
-                  mesh=dict(num_devices=2, num_trainer_devices=1),
-                  sync=dict(mode="async", every=1), buffer=dict(prefill=8))
-  calls = {"n": 0}
-
-  def flaky(text, gold):
-    calls["n"] += 1
-    if calls["n"] > 24:  # after the pre-fill (8 samples a batch)
-      raise ZeroDivisionError("reward exploded")
-    return 0.0
-
-  base = toy_task(c)
-  task = Task(train=base.train, test=base.test, prompt=base.prompt, reward=flaky)
-  with pytest.raises(loop.SearcherError, match=r"(?s)searcher 0.*ZeroDivisionError: reward exploded"):
+  # failure; the time limit ends the run (and fails the test) if the searcher never gives up.
+  c = _faulty(100_000, searcher_fail_at=3, searcher_fail_repeats=True)
+  task = toy_task(c)
+  stream = PromptStream([p.id for p in task.train], seed=c.seed)  # searcher 0's whole shard
+  third = sorted([stream.take(2) for _ in range(3)][-1])
+  with pytest.raises(loop.SearcherError) as e:
     loop.run(c, str(tmp_path), task=task)
+  assert f"searcher 0: prompt id(s) {third} failed again after a restart" in str(e.value)
+  assert "InjectedFault" in str(e.value)
   saved = sorted(os.listdir(tmp_path / "checkpoints"))
   assert saved and all(s.isdigit() for s in saved)
+
+
+def test_sigterm_while_the_buffer_prefills_checkpoints_step_0_and_the_resume_fills_on(
+    tmp_path, monkeypatch, capsys):
+  import signal
+  from tba_jax.searcher_pool import SearcherPool
+  merge, merged = SearcherPool.merge, []
+
+  def merge_then_signal(self, buffer):
+    merged.append(merge(self, buffer))
+    if len(merged) % 3 == 0:  # the third round of each run's pre-fill (the handler is set)
+      os.kill(os.getpid(), signal.SIGTERM)
+    return merged[-1]
+
+  monkeypatch.setattr(SearcherPool, "merge", merge_then_signal)
+  # A pre-fill that never ends by itself: 1 device, one batch (2 prompts x 4) per round.
+  c = tiny_config(num_train_steps=2, mesh=dict(num_devices=1),
+                  buffer=dict(prefill=10**6, dedup=False))
+  for run in (1, 2):
+    assert loop.run(c, str(tmp_path), task=toy_task(c)) == {
+        "step": 0, "terminated": True, **loop._buffer_summary(_saved_buffer(tmp_path, 0))}
+    assert merged == [8] * 3 * run and os.listdir(tmp_path / "checkpoints") == ["0"]
+    assert len(_saved_buffer(tmp_path, 0)) == 24 * run  # the resume went on filling
+  assert "Resumed from step 0 (24 buffer entries" in capsys.readouterr().out
+
+
+def _saved_buffer(workdir, step):
+  import orbax.checkpoint as ocp
+  from tba_jax.replay_buffer import ReplayBuffer
+  manager = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"))
+  state = manager.restore(step, args=ocp.args.Composite(buffer=ocp.args.StandardRestore()))
+  manager.close()
+  buffer = ReplayBuffer(max_per_prompt=10**9, dedup=False)
+  buffer.load_state_dict(state["buffer"])
+  return buffer
 
 
 def test_resuming_under_a_different_config_is_refused(tmp_path):

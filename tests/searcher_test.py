@@ -78,3 +78,78 @@ def test_reference_reset_scores_later_samples_against_the_new_reference(tiny_cfg
   assert gap() > 1e-2  # scored against the initial reference, not the sampling policy
   searcher.set_reference(policy)
   assert gap() < 1e-5  # the reference is now the policy that sampled
+
+
+def test_requeued_prompts_come_first_and_survive_a_state_round_trip():
+  stream = PromptStream(range(10), seed=3)
+  taken = stream.take(4)
+  ahead = PromptStream(range(10), seed=3)
+  ahead.take(4)
+  stream.requeue(taken[2:])
+  saved = stream.state_dict()
+  assert saved["requeued"] == taken[2:]
+  again = PromptStream(range(10), seed=3)
+  again.load_state_dict(saved)
+  assert again.take(3) == taken[2:] + ahead.take(1)
+  again.load_state_dict({"epoch": 0, "position": 4})  # a checkpoint of an older version
+  assert again.requeued == []
+
+
+def test_a_snapshot_during_a_batch_waits_for_no_sampling_and_requeues_its_prompts(tiny_cfg):
+  import threading
+  entered, release = threading.Event(), threading.Event()
+
+  def slow(batch):
+    entered.set()
+    assert release.wait(60)
+    return np.zeros(len(batch), np.float32)
+
+  searcher, _ = _searcher(tiny_cfg, slow)
+  worker = threading.Thread(target=searcher.search_once)
+  worker.start()
+  assert entered.wait(120)  # the batch is being scored
+  entries, state = searcher.snapshot()  # returns while the batch is still under way
+  in_flight = searcher.in_flight()
+  release.set()
+  worker.join()
+  assert entries == [] and len(in_flight) == 2 and state["num_batches"] == 0
+  assert state["stream"]["requeued"] == in_flight
+  entries, state = searcher.snapshot()  # now committed: its entries, nothing in flight
+  assert sorted({e.prompt_id for e in entries}) == sorted(in_flight)
+  assert state["stream"]["requeued"] == [] and state["num_batches"] == 1
+
+
+def test_a_restarted_batch_is_the_batch_that_failed(tiny_cfg):
+  calls = {"n": 0}
+
+  def fails_once(batch):
+    calls["n"] += 1
+    if calls["n"] == 1:
+      raise RuntimeError("reward crashed")
+    return np.ones(len(batch), np.float32)
+
+  flaky, _ = _searcher(tiny_cfg, fails_once)
+  with pytest.raises(RuntimeError, match="reward crashed"):
+    flaky.search_once()
+  failed = flaky.in_flight()
+  flaky.restart()
+  assert flaky.in_flight() == [] and flaky.stream.requeued == failed
+  flaky.search_once()
+  healthy, _ = _searcher(tiny_cfg, lambda batch: np.ones(len(batch), np.float32))
+  healthy.search_once()
+  got, want = flaky.buffer.drain_new(), healthy.buffer.drain_new()
+  assert [e.prompt_id for e in got] == [e.prompt_id for e in want]
+  assert sorted({e.prompt_id for e in got}) == sorted(failed)
+  for a, b in zip(got, want):  # same prompts, same key, same weights: the same samples
+    np.testing.assert_array_equal(a.completion, b.completion)
+
+
+def test_load_snapshot_returns_the_entries_to_the_next_drain(tiny_cfg):
+  searcher, _ = _searcher(tiny_cfg, lambda batch: np.zeros(len(batch), np.float32))
+  searcher.search_once()
+  entries, state = searcher.snapshot()
+  other, _ = _searcher(tiny_cfg, lambda batch: np.zeros(len(batch), np.float32))
+  other.load_snapshot(entries, state)
+  assert [e.prompt_id for e in other.buffer.drain_new()] == [e.prompt_id for e in entries]
+  assert other.stats.num_samples == 4 and other.num_batches == 1
+  assert other.stream.take(2) == searcher.stream.take(2)

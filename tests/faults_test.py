@@ -1,0 +1,49 @@
+"""Fault injection: a reward stage that raises on schedule, a process that signals itself."""
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from tba_jax import faults
+from tba_jax.rewards import RewardBatch
+from tba_jax.tasks import Problem
+
+
+def _batch(*ids):
+  rows = [i for i in ids for _ in range(2)]  # prompt-major, 2 samples per prompt
+  return RewardBatch(problems=[Problem(i, f"q{i}", "", 0.0) for i in rows],
+                     prompts=[[1]] * len(rows), completions=[np.array([2])] * len(rows),
+                     ended_with_eos=np.zeros(len(rows), bool), texts=["x"] * len(rows))
+
+
+def test_a_failing_reward_raises_at_its_nth_batch_only():
+  reward = faults.FailingReward(lambda b: np.ones(len(b), np.float32), at_batch=2, repeat=False)
+  assert reward(_batch(1, 2)).tolist() == [1.0] * 4
+  with pytest.raises(faults.InjectedFault, match=r"reward batch 2, prompt ids \[3, 4\]"):
+    reward(_batch(4, 3))
+  assert reward(_batch(4, 3)).tolist() == [1.0] * 4  # the retry goes through
+
+
+def test_a_repeating_failure_follows_the_first_prompt_of_its_batch():
+  reward = faults.FailingReward(lambda b: np.zeros(len(b), np.float32), at_batch=1, repeat=True)
+  for ids in ((5, 6), (7, 5), (5,)):
+    with pytest.raises(faults.InjectedFault):
+      reward(_batch(*ids))
+  assert reward(_batch(6, 7)).tolist() == [0.0] * 4  # batches without prompt 5 are scored
+
+
+def test_a_process_stop_signals_this_process_at_its_step_only(capsys):
+  seen = threading.Event()
+  previous = signal.signal(signal.SIGTERM, lambda *_: seen.set())
+  try:
+    stop = faults.ProcessStop(at_step=3, signal_name="SIGTERM")
+    stop(2)
+    assert not seen.is_set()
+    stop(3)
+    assert seen.wait(10)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  assert "fault.stop_at_step=3: sending this process SIGTERM" in capsys.readouterr().out
+  with pytest.raises(ValueError, match="signal_name='SIGSTOP'"):
+    faults.ProcessStop(at_step=1, signal_name="SIGSTOP")
