@@ -93,7 +93,6 @@ def main():
       diff = float(np.abs(np.asarray(ours) - ref.numpy()).max())
       n = b * args.seq_len
       print(f"{b:>5} {n / ours_s:>14.0f} {n / hf_s:>19.0f} {hf_s / ours_s:>6.2f} {diff:>12.2e}")
-    del params, hf
 
 
 if __name__ == "__main__":
