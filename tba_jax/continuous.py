@@ -100,23 +100,17 @@ def _empty_pool(key, *, model_config, options, mesh, num_slots, cache_size):
       cache=_place_cache(cache, model_config, mesh))
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "mesh"))
-def _prefill_program(params, prompt_tokens, prompt_mask, *, model_config, mesh):
-  """(logits [U,V] of the last token, KVCache [L,U,K,T,H]) of left-padded prompts [U,T]."""
-  u, t = prompt_tokens.shape
-  cache = _place_cache(KVCache.init(model_config, u, t), model_config, mesh)
+def prefill_prompts(logits_fn, params, prompt_tokens, prompt_mask, cache):
+  """(logits [U,V] of the last token, the cache filled) of left-padded prompts [U,T]."""
   positions = model_lib.positions_from_mask(prompt_mask)
-  return sampler_lib.model_logits_fn(model_config)(params, prompt_tokens, positions, prompt_mask,
-                                                   cache)
+  return logits_fn(params, prompt_tokens, positions, prompt_mask, cache)
 
 
-# The pool (its cache the largest buffer) is donated: slots are rewritten in place.
-@functools.partial(jax.jit, static_argnames=("options",), donate_argnames=("state",))
-def _insert_program(state: SlotState, prefilled: KVCache, logits, key, count, slots, sources,
-                    row_ids, prompt_lens, *, options):
+def insert_rows(state: SlotState, prefilled: KVCache, logits, key, count, slots, sources,
+                row_ids, prompt_lens, options) -> SlotState:
   """Rows i < count: slot slots[i] starts row row_ids[i] from prefilled prompt
-  sources[i] of prompt_lens[i] tokens. The index vectors are padded to N, so
-  one program serves any number of refilled slots."""
+  sources[i] (KV [L,U,K,T,H], logits [U,V]) of prompt_lens[i] tokens. The
+  index vectors are padded to N, so one program serves any number of rows."""
   t, s, m = prefilled.k.shape[3], state.cache.k.shape[3], options.max_new_tokens
   eos = jnp.asarray(options.eos_ids, jnp.int32)
 
@@ -185,6 +179,22 @@ def decode_chunk(logits_fn, params, state: SlotState, max_steps, min_free, windo
   return dataclasses.replace(state, cache=dataclasses.replace(state.cache, window=None)), steps
 
 
+@functools.partial(jax.jit, static_argnames=("model_config", "mesh"))
+def _prefill_program(params, prompt_tokens, prompt_mask, *, model_config, mesh):
+  u, t = prompt_tokens.shape
+  cache = _place_cache(KVCache.init(model_config, u, t), model_config, mesh)
+  return prefill_prompts(sampler_lib.model_logits_fn(model_config), params, prompt_tokens,
+                         prompt_mask, cache)
+
+
+# The pool (its cache the largest buffer) is donated: slots are rewritten in place.
+@functools.partial(jax.jit, static_argnames=("options",), donate_argnames=("state",))
+def _insert_program(state, prefilled, logits, key, count, slots, sources, row_ids, prompt_lens, *,
+                    options):
+  return insert_rows(state, prefilled, logits, key, count, slots, sources, row_ids, prompt_lens,
+                     options)
+
+
 @functools.partial(jax.jit, static_argnames=("model_config", "options", "window"),
                    donate_argnames=("state",))
 def _decode_program(params, state, max_steps, min_free, *, model_config, options, window):
@@ -221,14 +231,14 @@ class Stream:
 
   def __init__(self, sampler: sampler_lib.Sampler, params, rng_key, *, num_slots: int,
                max_prompt_len: int, chunk_steps: int, window_step: int, version: Any = None):
-    if chunk_steps < 1 or window_step < 1:
-      raise ValueError(f"chunk_steps={chunk_steps} and window_step={window_step} must be >= 1")
     self.sampler, self.options, self.mesh = sampler, sampler.options, sampler.mesh
     self.num_slots, self.chunk_steps, self.window_step = num_slots, chunk_steps, window_step
     self.max_prompt_bucket = sampler_lib._bucket(max_prompt_len, sampler.prompt_buckets,
                                                  "prompt length")
-    # Every sampled token but the last (never fed back) takes a slot.
-    self.cache_size = self.max_prompt_bucket + self.options.max_new_tokens - 1
+    # Every sampled token but the last (never fed back) takes a slot; one more
+    # because an ended row keeps running, masked, writing at its next slot
+    # (decode writes are scatters promised to stay in bounds).
+    self.cache_size = self.max_prompt_bucket + self.options.max_new_tokens
     if not jax.dtypes.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key):
       rng_key = jax.random.wrap_key_data(rng_key)
     self.key = jax.device_put(rng_key, sharding.replicated(self.mesh))

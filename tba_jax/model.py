@@ -187,14 +187,24 @@ def _cache_write_read(buf, layer, index, new, window):
   Both are in place on the carried buffer; reading only the window means a
   decode step does not pay for slots no row has reached.
   """
-  new = new.transpose(0, 2, 1, 3).astype(buf.dtype)  # [B,K,T,H]
   if jnp.ndim(index) == 0:
-    buf = jax.lax.dynamic_update_slice(buf, new[None], (layer, 0, 0, index, 0))
-  else:  # one write offset per row (continuous batching): a scatter
-    row = lambda b, n, i: jax.lax.dynamic_update_slice(b, n[None], (layer, 0, i, 0))  # b [L,K,S,H]
-    buf = jax.vmap(row, in_axes=(1, 0, 0), out_axes=1)(buf, new, index)
+    new = new.transpose(0, 2, 1, 3)[None].astype(buf.dtype)  # [1,B,K,T,H]
+    buf = jax.lax.dynamic_update_slice(buf, new, (layer, 0, 0, index, 0))
+  else:  # one write offset per row (continuous batching)
+    b, t = new.shape[:2]
+    rows, cols = _row_slots(index, b, t)
+    # Promising unique, in-bounds indices keeps the scatter in place: without
+    # it XLA:CPU copies the whole stacked buffer per layer (measured 25x
+    # slower decode steps at 30 layers).
+    buf = buf.at[layer, rows, :, cols].set(new.astype(buf.dtype), unique_indices=True,
+                                            indices_are_sorted=True, mode="promise_in_bounds")
   _, b, k, _, h = buf.shape
   return buf, jax.lax.dynamic_slice(buf, (layer, 0, 0, 0, 0), (1, b, k, window, h))[0]
+
+
+def _row_slots(index, b: int, t: int):
+  """(rows [B,1], slots [B,T]): the cache slots of T new tokens, row b's from index[b]."""
+  return jnp.arange(b)[:, None], index[:, None] + jnp.arange(t)
 
 
 def _project(x, *kernels):
@@ -355,8 +365,9 @@ class KVCache:
     token_mask = token_mask.astype(bool)
     if jnp.ndim(self.index) == 0:
       return jax.lax.dynamic_update_slice_in_dim(self.mask, token_mask, self.index, 1)
-    return jax.vmap(lambda m, t, i: jax.lax.dynamic_update_slice_in_dim(m, t, i, 0))(
-        self.mask, token_mask, self.index)
+    rows, cols = _row_slots(self.index, *token_mask.shape)
+    return self.mask.at[rows, cols].set(token_mask, unique_indices=True, indices_are_sorted=True,
+                                        mode="promise_in_bounds")
 
 
 # ---------------------------------------------------------------------------

@@ -360,6 +360,8 @@ class Sampler:
     if num_slots is not None and (num_slots < 1 or num_slots % data):
       raise ValueError(f"num_slots={num_slots} must be a positive multiple of the mesh's "
                        f"data axis ({data})")
+    if chunk_steps < 1 or window_step < 1:
+      raise ValueError(f"chunk_steps={chunk_steps} and window_step={window_step} must be >= 1")
     self.num_slots, self.chunk_steps, self.window_step = num_slots, chunk_steps, window_step
 
   def stream(self, params: Params, rng_key, *, max_prompt_len: int, version=None):
