@@ -5,7 +5,9 @@ keep running, masked. Here a pool of N slots decodes in compiled chunks of
 steps; between chunks the host hands out the rows that ended (EOS or their
 length limit) and refills their slots with the next queued (prompt, row id),
 so the pool stays full until the queue runs dry. Three compiled programs, none
-recompiled as rows come and go:
+recompiled as rows come and go (decode compiles once per (slot count, cache
+size, window); prefill once per (prefill batch bucket, prompt bucket); insert
+once per prefilled batch shape):
   prefill  the distinct prompts of a refill, left-padded to a prompt bucket,
            through the model once: their KV and last-position logits. The S
            samples of a prompt share it (kept until its last sample is placed).
@@ -96,7 +98,7 @@ def _empty_pool(key, *, model_config, options, mesh, num_slots, cache_size):
       logprobs=jnp.zeros((n, m), jnp.float32), tempered_logprobs=jnp.zeros((n, m), jnp.float32),
       lengths=jnp.zeros((n,), jnp.int32), done=jnp.ones((n,), bool),
       last_token=jnp.zeros((n,), jnp.int32), position=jnp.zeros((n,), jnp.int32),
-      row_keys=jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(n)),
+      row_keys=jax.random.split(key, n),  # placeholders: a row's key is set when it is placed
       cache=_place_cache(cache, model_config, mesh))
 
 
@@ -250,8 +252,7 @@ class Stream:
     # prompt -> row ids waiting, in arrival order of the prompts (a prompt's
     # samples run together, so its prefill is shared).
     self.queue: collections.OrderedDict[tuple, collections.deque] = collections.OrderedDict()
-    # Per slot: (row id, prompt length, first version), or None when free.
-    self.slots: list[tuple | None] = [None] * num_slots
+    self.slots: list[_Slot | None] = [None] * num_slots  # None: free
     self.stats = StreamStats()
 
   # -- feeding ---------------------------------------------------------------
@@ -374,6 +375,7 @@ class Stream:
 
 @dataclasses.dataclass
 class _Slot:
+  """The host's record of an occupied slot."""
   row_id: int
   prompt_len: int
   first_version: Any

@@ -188,3 +188,23 @@ def test_bad_arguments_are_refused(tiny_cfg):
   with pytest.raises(ValueError, match="needs num_slots"):
     sampler.Sampler(tiny_cfg, max_new_tokens=4).stream(params, jax.random.key(0),
                                                        max_prompt_len=4)
+
+
+@pytest.mark.slow
+def test_smollm2_gsm8k_samples_with_num_slots_equal_static():
+  import json
+  import os
+  from tba_jax import hf_checkpoints, tokenizer as tokenizer_lib
+  path = hf_checkpoints.smollm2_gguf_path()
+  tok = tokenizer_lib.from_gguf(path)
+  with open(os.path.join(os.path.dirname(__file__), "data", "gsm8k_test.jsonl")) as f:
+    questions = [json.loads(line)["question"] for line in f][:3]
+  rows = [tok.encode(tok.chat_prompt(q)) for q in questions for _ in range(3)]
+  cfg, params = hf_checkpoints.load(path)
+  kw = dict(max_new_tokens=48, temperature=0.7, eos_ids=tok.eos_ids, pad_id=tok.pad_id, seed=1)
+  want = sampler.generate(cfg, params, rows, **kw)
+  got = sampler.generate(cfg, params, rows, num_slots=4, **kw)
+  assert len(set(want.lengths.tolist())) > 1  # ragged
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_array_equal(got.lengths, want.lengths)
+  np.testing.assert_allclose(got.tempered_logprobs, want.tempered_logprobs, atol=1e-3)
