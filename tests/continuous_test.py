@@ -99,6 +99,26 @@ def test_refills_keep_at_most_num_slots_in_flight_and_share_prompt_prefills(tiny
   assert len({tuple(c.tokens) for c in got.values()}) > 5  # samples of a prompt differ
 
 
+def test_rows_fed_while_the_stream_runs_equal_static(tiny_cfg):
+  """A searcher's pattern: queue more rows between steps, as slots come free."""
+  params, prompts = _ragged(tiny_cfg)
+  kw = dict(max_new_tokens=16, temperature=1.0, eos_ids=EOS, pad_id=0)
+  stream = sampler.Sampler(tiny_cfg, num_slots=4, chunk_steps=8, **kw).stream(
+      params, jax.random.key(5), max_prompt_len=12)
+  got, fed = {}, 0
+  while fed < len(prompts) or stream.busy():
+    if fed < len(prompts) and stream.num_queued + stream.num_in_flight < 4:
+      stream.add(prompts[fed:fed + 2], [fed, fed + 1])
+      fed += 2
+    got.update((c.row_id, c) for c in stream.step())
+  want = sampler.Sampler(tiny_cfg, **kw)(params, prompts, jax.random.key(5))
+  assert sorted(got) == list(range(len(prompts)))
+  for r, c in got.items():
+    np.testing.assert_array_equal(c.tokens, want.tokens[r, :want.lengths[r]])
+    np.testing.assert_allclose(c.tempered_logprobs, want.tempered_logprobs[r, :want.lengths[r]],
+                               atol=2e-5)
+
+
 def test_one_compile_per_slot_count_prompt_bucket_and_window(tiny_cfg, monkeypatch):
   """Each program traces once per shape key: decode per window (the slot count
   and cache size fixed here), prefill per (prefill batch bucket, prompt bucket),
