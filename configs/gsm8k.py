@@ -128,6 +128,12 @@ def _base() -> ml_collections.ConfigDict:
           vocab_size=261, dim=64, mlp_dim=128, num_layers=2, num_heads=4, num_kv_heads=2,
           head_dim=16),
       remat=False,        # activation checkpointing in the training forward
+      lora=dict(          # low-rank adapters (tba_jax/lora.py); the base stays frozen
+          rank=0,         # adapter rank R (0 = full fine-tuning, no adapters)
+          alpha=32.0,     # the adapters' update x A B is scaled by alpha / rank (PEFT's)
+          targets="all",  # "all" projections the model has, or some of q,k,v,o,gate,up,down
+                          # (GPT-2 / GPT-NeoX fuse q,k,v: all three or none)
+      ),
   )
   c.task = dict(
       name="gsm8k",       # "gsm8k" or "arithmetic" (offline, generated from a seed)
