@@ -337,7 +337,7 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
 
   grad_fn = jax.value_and_grad(objective, has_aux=True)
 
-  def update(state: TrainState, batch: TrainBatch, frozen: Params):
+  def update_with(state: TrainState, batch: TrainBatch, frozen: Params):
     beta = beta_schedule(state.step + 1)
     if num_microbatches == 1:
       (loss, aux), grads = grad_fn(state.params, frozen, batch, beta)
@@ -374,9 +374,12 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
 
   out_sh = (state_sh, sharding.replicated(mesh))
   if model_config.lora is None:  # nothing frozen: the two-argument program
-    return jax.jit(lambda state, batch: update(state, batch, {}),
-                   in_shardings=(state_sh, batch_shardings(mesh)), out_shardings=out_sh,
+
+    def update(state: TrainState, batch: TrainBatch):
+      return update_with(state, batch, {})
+
+    return jax.jit(update, in_shardings=(state_sh, batch_shardings(mesh)), out_shardings=out_sh,
                    donate_argnums=0)
   frozen_sh = lora.frozen(model_config, sharding.param_shardings(model_config, "trainer", mesh))
-  return jax.jit(update, in_shardings=(state_sh, batch_shardings(mesh), frozen_sh),
+  return jax.jit(update_with, in_shardings=(state_sh, batch_shardings(mesh), frozen_sh),
                  out_shardings=out_sh, donate_argnums=0)
