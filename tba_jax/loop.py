@@ -308,8 +308,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     final = evaluate(state.params, last)
     metrics_writer.write(last, final)
     if c.export:
-      _export(model_cfg.replace(dtype=c.model.dtype), state.params, base, tokenizer,
-              os.path.join(workdir, "export"), is_main,
+      _export(model_cfg.replace(dtype=c.model.dtype), state.params, tokenizer,
+              os.path.join(workdir, "export"), is_main, base=base,
               base_model=None if c.model.path == "random" else build.model_path(c.model.path))
     if is_main:
       _write_json(os.path.join(workdir, FINISHED_FILE), {"step": last, **final})
@@ -369,8 +369,8 @@ def _write_json(path: str, value: dict) -> None:
   os.replace(path + ".tmp", path)  # whole or absent, never half-written
 
 
-def _export(cfg: ModelConfig, params, base, tokenizer, out_dir: str, is_main: bool,
-            base_model: str | None) -> None:
+def _export(cfg: ModelConfig, params, tokenizer, out_dir: str, is_main: bool, base=None,
+            base_model: str | None = None) -> None:
   """The policy in HF format; with LoRA merged into the base, and the adapters beside it
   in PEFT's format (out_dir/adapter, for peft onto `base_model`)."""
   adapters = None

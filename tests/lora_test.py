@@ -111,9 +111,11 @@ def test_targets_the_architecture_cannot_take_are_refused(name, targets, error):
     ARCHITECTURES[name].replace(lora=LoRAConfig(4, 8.0, tuple(targets.split(","))))
 
 
-def _tiny_config(rank=4, **sections):
+def _tiny_config(rank=4, model=(), **sections):
+  """configs/gsm8k.py:tiny with LoRA adapters of `rank` (0: none)."""
   from loop_test import tiny_config
-  return tiny_config(model=dict(lora=dict(rank=rank, alpha=16.0, targets="all")), **sections)
+  return tiny_config(model={"lora": dict(rank=rank, alpha=16.0, targets="all"), **dict(model)},
+                     **sections)
 
 
 def test_config_errors_name_the_lora_key():
@@ -323,3 +325,62 @@ def test_the_peft_export_loads_in_peft_and_matches_our_logits(tmp_path, name, ta
   theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
   np.testing.assert_allclose(hf_models.hf_logits(theirs, tokens, mask)[real], ours[real],
                              atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------------------
+# The runtime.
+# ---------------------------------------------------------------------------
+_COMPARED = ("loss", "reward_mean", "kl", "staleness_mean", "searcher_samples", "buffer_entries")
+
+
+def test_a_lora_run_resumes_exactly_and_exports_merged_weights_and_a_peft_adapter(
+    tmp_path, monkeypatch):
+  import peft
+  import transformers
+  from safetensors.numpy import load_file
+  from loop_test import toy_task, _train_rows
+  from tba_jax import hf_checkpoints, loop
+  from tba_jax.checkpoint import Checkpointer
+  # A Hugging Face base model (the byte tokenizer's 261 ids), as a run would load one.
+  hf_models.make_model("llama", vocab_size=261).save_pretrained(tmp_path / "base")
+  config = lambda steps: _tiny_config(
+      num_train_steps=steps, mesh=dict(num_devices=2), sync=dict(mode="alternate", every=2),
+      checkpoint=dict(every=100), buffer=dict(prefill=8), export=True,
+      model=dict(path=str(tmp_path / "base"), tokenizer="bytes", dtype="float32",
+                 lora=dict(rank=4, alpha=16.0, targets="q,v,o,down")),
+      optim=dict(learning_rate=1e-2))
+  saved, real_save = [], Checkpointer.save
+
+  def save(self, step, state, *args):
+    saved.append(jax.tree.map(lambda x: x.shape, state))
+    return real_save(self, step, state, *args)
+
+  monkeypatch.setattr(Checkpointer, "save", save)
+  whole, parts = tmp_path / "whole", tmp_path / "parts"
+  loop.run(config(4), str(whole), task=toy_task(config(4)))
+  loop.run(config(2), str(parts), task=toy_task(config(2)))
+  assert loop.run(config(4), str(parts), task=toy_task(config(4)))["step"] == 4
+  want, got = _train_rows(str(whole)), _train_rows(str(parts))
+  for a, b in zip(want[2:], got[2:]):  # the resumed steps are the uninterrupted run's
+    assert {k: a[k] for k in _COMPARED} == {k: b[k] for k in _COMPARED}, a["step"]
+  adapter = lambda run: load_file(run / "export" / loop.ADAPTER_DIR / "adapter_model.safetensors")
+  a, b = adapter(whole), adapter(parts)
+  assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+  # A checkpoint holds the adapters and their optimizer state, no base weight.
+  base_cfg = hf_checkpoints.read_config(str(tmp_path / "base"))
+  cfg = base_cfg.replace(lora=config_builders.lora_config(config(4).model.lora, base_cfg))
+  adapter_shapes = lora.split(jax.tree.map(lambda x: x.shape, model.param_shapes(cfg)))[1]
+  assert saved and all(s.params == adapter_shapes for s in saved)
+  assert max(np.prod(x) for x in jax.tree.leaves(saved[0])) < 261 * 64  # not even the embedding
+  # The export: merged weights for transformers, the adapter for peft onto the base.
+  tokens, mask = hf_models.left_padded_batch(np.random.default_rng(0), [9, 5], vocab=261)
+  merged = transformers.AutoModelForCausalLM.from_pretrained(whole / "export").eval()
+  adapted = peft.PeftModel.from_pretrained(
+      transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
+      whole / "export" / loop.ADAPTER_DIR).eval()
+  real = mask.astype(bool)
+  want = hf_models.hf_logits(merged, tokens, mask)[real]
+  np.testing.assert_allclose(hf_models.hf_logits(adapted, tokens, mask)[real], want, atol=1e-4)
+  base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
+  assert np.abs(hf_models.hf_logits(base, tokens, mask)[real] - want).max() > 1e-3  # it trained
+
