@@ -384,3 +384,37 @@ def test_a_lora_run_resumes_exactly_and_exports_merged_weights_and_a_peft_adapte
   base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
   assert np.abs(hf_models.hf_logits(base, tokens, mask)[real] - want).max() > 1e-3  # it trained
 
+
+
+def test_two_hosts_train_one_lora_policy_and_export_it(tmp_path):
+  import json
+  import socket
+  import subprocess
+  import sys
+  from safetensors.numpy import load_file
+  here = os.path.dirname(os.path.abspath(__file__))
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  procs = [subprocess.Popen([sys.executable, os.path.join(here, "lora_multihost_worker.py"),
+                             str(port), str(i), str(tmp_path)], cwd=os.path.dirname(here),
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  try:
+    outputs = [p.communicate(timeout=420)[0] for p in procs]
+  finally:
+    for p in procs:  # never leave a process behind
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 0, out[-4000:]
+  assert all("lora      rank 4" in out for out in outputs[:1])
+  results = [json.loads(next(l[7:] for l in out.splitlines() if l.startswith("RESULT ")))
+             for out in outputs]
+  assert results[0]["buffer_digest"] == results[1]["buffer_digest"]  # one global buffer
+  assert min(results[0]["max_version_by_searcher"].values()) > 0  # adapters reached both hosts
+  adapter = load_file(tmp_path / "export" / "adapter" / "adapter_model.safetensors")
+  assert any(np.abs(v).max() > 0 for k, v in adapter.items() if "lora_B" in k)  # trained
+  assert (tmp_path / "export" / "model.safetensors").exists()

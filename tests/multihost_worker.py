@@ -13,7 +13,7 @@ from absl import logging  # noqa: E402
 logging.set_verbosity(logging.WARNING)
 
 
-def main(port: str, process_id: int, workdir: str, lora_rank: int):
+def main(port: str, process_id: int, workdir: str):
   from tba_jax import distributed
   distributed.initialize(f"127.0.0.1:{port}", 2, process_id)
   assert jax.process_count() == 2 and len(jax.devices()) == 4
@@ -22,12 +22,10 @@ def main(port: str, process_id: int, workdir: str, lora_rank: int):
   from tba_jax import loop
   c = tiny_config(num_train_steps=6, mesh=dict(num_devices=2, num_trainer_devices=1),
                   sync=dict(mode="async", every=2), buffer=dict(prefill=16),
-                  eval=dict(every=0, num_problems=4, num_samples=0, greedy=True),
-                  model=dict(lora=dict(rank=lora_rank, alpha=16.0, targets="all")),
-                  export=lora_rank > 0)  # LoRA: the merged weights and adapters, gathered
+                  eval=dict(every=0, num_problems=4, num_samples=0, greedy=True))
   result = loop.run(c, workdir, task=toy_task(c))
   print("RESULT " + json.dumps(result, default=str), flush=True)
 
 
 if __name__ == "__main__":
-  main(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+  main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
