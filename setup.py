@@ -25,8 +25,11 @@ setup(
         "tensorboardX",
     ],
     extras_require={
-        # torch (CPU build) and accelerate: parity tests against transformers' PyTorch models.
-        "test": ["pytest", "pytest-timeout", "torch==2.13.0", "accelerate"],
+        # torch (CPU build) and accelerate: parity tests against transformers' PyTorch models;
+        # peft: the LoRA export loads onto its base; nbclient, nbformat, ipykernel: CI runs
+        # notebooks/colab.ipynb.
+        "test": ["pytest", "pytest-timeout", "torch==2.13.0", "accelerate", "peft", "nbclient",
+                 "nbformat", "ipykernel"],
         # Peers measured side by side in benchmarks/.
         "bench": ["torch==2.13.0", "accelerate", "trl", "datasets"],
         "wandb": ["wandb"],

@@ -17,7 +17,12 @@ device holds in the variant's layout:
             with, the newly published one during a sync, the reference) and the
             KV cache of its largest batch (a search batch or an evaluation batch).
 
-With one device (qwen) both live on it. The architectures are the models'
+With LoRA (model.lora.rank > 0) the trainer holds the frozen base in the model dtype
+plus the adapters' float32 masters, moments and gradients; a searcher holds the base
+once (its reference too: the adapters off) and two copies of the adapters, and on a
+device shared with the trainer the base is the trainer's own (counted once).
+
+With one device (qwen, qwen_lora) both live on it. The architectures are the models'
 Hugging Face config.json values (written below, so this runs offline).
 Compile time is not estimated here.
 """
@@ -38,6 +43,9 @@ ARCHITECTURES = {
     "Qwen/Qwen2.5-0.5B-Instruct": dict(vocab_size=151936, dim=896, mlp_dim=4864, num_layers=24, num_heads=14,
                  num_kv_heads=2, head_dim=64, tie_embeddings=True, qkv_bias=True,
                  model_type="qwen2"),
+    "Qwen/Qwen2.5-1.5B-Instruct": dict(vocab_size=151936, dim=1536, mlp_dim=8960, num_layers=28,
+                                       num_heads=12, num_kv_heads=2, head_dim=128,
+                                       tie_embeddings=True, qkv_bias=True, model_type="qwen2"),
 }
 
 
@@ -52,19 +60,23 @@ def estimate(arg: str) -> dict:
   import jax.numpy as jnp
 
   from configs import gsm8k
-  from tba_jax import model, train_step
+  from tba_jax import config_builders, lora, model, train_step
   from tba_jax.model import ModelConfig
 
   c = gsm8k.get_config(arg)
   master = "float32" if c.optim.master_weights_fp32 else c.model.dtype
   cfg = ModelConfig(**ARCHITECTURES[c.model.path], dtype=master)
-  shapes = model.param_shapes(cfg)
-  num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+  cfg = cfg.replace(lora=config_builders.lora_config(c.model.lora, cfg))
+  base, trained = lora.frozen(cfg, model.param_shapes(cfg)), lora.trained(cfg, model.param_shapes(cfg))
+  num_params = model.count_params(lora.base_config(cfg))
+  num_trained = sum(math.prod(x.shape) for x in jax.tree.leaves(trained))
   optimizer = train_step.make_optimizer(1e-5, c.optim.weight_decay, c.optim.grad_clip_norm or None,
                                         moments_dtype=c.optim.moments_dtype)
-  opt_state = jax.eval_shape(optimizer.init, shapes)
+  opt_state = jax.eval_shape(optimizer.init, trained)
   trainers = c.mesh.num_trainer_devices
-  state = (_bytes(shapes) + _bytes(opt_state) + 4 * num_params) / trainers
+  # A LoRA base is frozen: kept in the model dtype, no moments, no gradients.
+  frozen_bytes = num_params * jnp.dtype(c.model.dtype).itemsize if base else 0
+  state = (frozen_bytes + _bytes(trained) + _bytes(opt_state) + 4 * num_trained) / trainers
   rows = c.buffer.num_prompts * c.buffer.samples_per_prompt / c.optim.num_microbatches
   logits = rows * c.sampler.max_new_tokens * cfg.vocab_size * 4 / trainers
 
@@ -73,13 +85,19 @@ def estimate(arg: str) -> dict:
   search_rows = c.sampler.num_prompts_per_batch * c.sampler.num_samples_per_prompt
   kv = max(search_rows * (c.task.max_prompt_len + c.sampler.max_new_tokens),
            c.eval.batch_size * (c.task.max_prompt_len + c.eval.max_new_tokens)) * per_token
-  weights = 3 * num_params * weight_bytes / c.mesh.searcher_tensor
-  return {"variant": arg, "parameters": num_params, "trainer_state": state,
-          "trainer_logits": logits, "searcher_weights": weights, "searcher_kv": kv,
-          "shared": c.sync.mode == "alternate"}  # the one-device layout: roles share it
+  shared = c.sync.mode == "alternate"  # the one-device layout: roles share it
+  if base:  # the base once (unless it is the trainer's, on a shared device), adapters twice
+    weights = ((0 if shared else num_params) + 2 * num_trained) * weight_bytes
+  else:
+    weights = 3 * num_params * weight_bytes
+  return {"variant": arg, "parameters": num_params, "lora_parameters": num_trained if base else 0,
+          "trainer_state": state, "trainer_logits": logits,
+          "searcher_weights": weights / c.mesh.searcher_tensor, "searcher_kv": kv,
+          "shared": shared}
 
 
-DEFAULT = ("cpu", "rho1b", "rho1b_stable", "qwen", "qwen,optim.num_microbatches=7")
+DEFAULT = ("cpu", "rho1b", "rho1b_stable", "qwen", "qwen,optim.num_microbatches=7", "qwen_lora",
+           "cpu,model.lora.rank=16")
 
 
 def table(variants=DEFAULT) -> str:
@@ -94,7 +112,10 @@ def table(variants=DEFAULT) -> str:
     s = f"{searcher / GB:.1f} GB ({e['searcher_weights'] / GB:.1f} + {e['searcher_kv'] / GB:.1f})"
     if e["shared"]:
       s = f"the same device: {(trainer + searcher) / GB:.1f} GB in all ({s})"
-    lines.append(f"| `{v}` | {e['parameters'] / 1e6:.0f}M | {t} | {s} |")
+    params = f"{e['parameters'] / 1e6:.0f}M"
+    if e["lora_parameters"]:
+      params += f" + {e['lora_parameters'] / 1e6:.1f}M LoRA"
+    lines.append(f"| `{v}` | {params} | {t} | {s} |")
   return "\n".join(lines)
 
 

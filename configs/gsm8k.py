@@ -101,6 +101,16 @@ variant has not been measured yet):
           on GSM8K with the chat template, for one accelerator (Colab): the two
           roles share the device and alternate. Not measured here yet.
 
+  qwen_lora  Qwen2.5-1.5B-Instruct with LoRA (rank 16 on every projection) on one
+          16 GB accelerator (Colab's T4 / L4, a TPU v5e-1): the base is held once in
+          bfloat16 and shared by both roles, only the adapters (18M parameters) and
+          their AdamW moments are trained, a sync moves only the adapters, the
+          reference is the base with the adapters off. Micro-batches of 4 rows and
+          remat keep the trainer's activations small (memory per device:
+          python -m benchmarks.memory, README). notebooks/colab.ipynb runs it.
+            python -m experiments.gsm8k --config configs/gsm8k.py:qwen_lora --workdir DIR
+          Not measured here yet (no accelerator was lent to this work).
+
   tiny    A random 2-layer model with the byte tokenizer on tiny arithmetic, for
           tests: runs end to end in seconds on CPU.
 """
@@ -108,7 +118,7 @@ import ml_collections
 
 from tba_jax import config_checks
 
-VARIANTS = ("cpu", "rho1b", "rho1b_stable", "qwen", "tiny")
+VARIANTS = ("cpu", "rho1b", "rho1b_stable", "qwen", "qwen_lora", "tiny")
 
 
 def _base() -> ml_collections.ConfigDict:
@@ -128,6 +138,12 @@ def _base() -> ml_collections.ConfigDict:
           vocab_size=261, dim=64, mlp_dim=128, num_layers=2, num_heads=4, num_kv_heads=2,
           head_dim=16),
       remat=False,        # activation checkpointing in the training forward
+      lora=dict(          # low-rank adapters (tba_jax/lora.py); the base stays frozen
+          rank=0,         # adapter rank R (0 = full fine-tuning, no adapters)
+          alpha=32.0,     # the adapters' update x A B is scaled by alpha / rank (PEFT's)
+          targets="all",  # "all" projections the model has, or some of q,k,v,o,gate,up,down
+                          # (GPT-2 / GPT-NeoX fuse q,k,v: all three or none)
+      ),
   )
   c.task = dict(
       name="gsm8k",       # "gsm8k" or "arithmetic" (offline, generated from a seed)
@@ -283,6 +299,20 @@ def _qwen(c):
   c.sampler.update(num_prompts_per_batch=7)
 
 
+def _qwen_lora(c):
+  """qwen with Qwen2.5-1.5B-Instruct and LoRA, sized for a 16 GB accelerator (docstring)."""
+  _qwen(c)
+  c.model.update(path="Qwen/Qwen2.5-1.5B-Instruct", remat=True,
+                 lora=dict(rank=16, alpha=32.0, targets="all"))
+  c.sampler.update(num_samples_per_prompt=8, num_prompts_per_batch=4)
+  c.buffer.update(num_prompts=4, samples_per_prompt=8, prefill=64)
+  # LoRA's usual step: 10x full fine-tuning's at alpha / rank = 2 (PEFT's examples use 1e-4
+  # to 2e-4); one micro-batch of 4 rows holds [4, 512, 152k] float32 completion logits.
+  c.optim.update(learning_rate=1e-4, num_microbatches=8)
+  c.eval.update(every=50, num_problems=256, batch_size=32)
+  c.checkpoint.update(every=50)
+
+
 def _tiny(c):
   c.num_train_steps = 6
   c.model.update(path="random", tokenizer="bytes", dtype="float32")
@@ -307,7 +337,7 @@ def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
     raise ValueError(f"unknown variant {variant!r} of configs/gsm8k.py; choose from {VARIANTS}")
   c = _base()
   {"cpu": _cpu, "rho1b": _rho1b, "rho1b_stable": _rho1b_stable, "qwen": _qwen,
-   "tiny": _tiny}[variant](c)
+   "qwen_lora": _qwen_lora, "tiny": _tiny}[variant](c)
   c.variant = variant
   config_checks.apply_overrides(c, overrides)
   c.lock()

@@ -9,11 +9,12 @@ import os
 
 import jax
 
-from tba_jax import faults, hf_checkpoints, losses, rewards, sharding, train_step, weight_sync
+from tba_jax import faults, hf_checkpoints, lora, losses, rewards, sharding, train_step
+from tba_jax import weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.config_checks import ConfigError
 from tba_jax.evaluation import Evaluator
-from tba_jax.model import ModelConfig, init_params
+from tba_jax.model import LoRAConfig, ModelConfig, init_params
 from tba_jax.sampler import Sampler
 from tba_jax.searcher import PromptStream, Searcher
 from tba_jax.searcher_pool import SearcherPool
@@ -77,6 +78,60 @@ def load_model(model_cfg, tokenizer, dtype: str, trainer_mesh, seed: int):
                        f"{tokenizer.vocab_size} tokens")
     return cfg, init_params(cfg, seed, sharding.param_shardings(cfg, "trainer", trainer_mesh))
   return hf_checkpoints.load(model_path(model_cfg.path), dtype, mesh=trainer_mesh, role="trainer")
+
+
+def lora_config(lora_cfg, architecture: ModelConfig) -> LoRAConfig | None:
+  """model.lora as a LoRAConfig for `architecture` ("all": its projections); rank 0
+  (full fine-tuning) is None."""
+  if lora_cfg.rank == 0:
+    return None
+  targets = tuple(t.strip() for t in lora_cfg.targets.split(","))
+  return LoRAConfig(lora_cfg.rank, float(lora_cfg.alpha),
+                    architecture.projections if targets == ("all",) else targets)
+
+
+def load_policy(model_cfg, tokenizer, master_dtype: str, trainer_mesh, seed: int):
+  """(ModelConfig, trained params, frozen params) on the trainer mesh.
+
+  Full fine-tuning (model.lora.rank 0): the whole model in `master_dtype`, and {}.
+  LoRA: fresh adapters in `master_dtype` and the base in model.dtype (frozen weights
+  need no master copy); the targets are checked against the architecture before
+  any weight is read.
+  """
+  if model_cfg.lora.rank == 0:
+    return (*load_model(model_cfg, tokenizer, master_dtype, trainer_mesh, seed), {})
+  if model_cfg.path == "random":
+    architecture = ModelConfig(**model_cfg.random.to_dict())
+  else:
+    architecture = hf_checkpoints.read_config(model_path(model_cfg.path))
+  try:
+    adapters = lora_config(model_cfg.lora, architecture)
+    architecture.replace(lora=adapters)
+  except ValueError as e:
+    raise ConfigError(f"model.lora.targets={model_cfg.lora.targets!r}: {e}") from None
+  cfg, base = load_model(model_cfg, tokenizer, model_cfg.dtype, trainer_mesh, seed)
+  cfg = cfg.replace(lora=adapters)
+  shardings = lora.trained(cfg, sharding.param_shardings(cfg, "trainer", trainer_mesh))
+  return cfg, lora.init_adapters(cfg.replace(dtype=master_dtype), seed, shardings), base
+
+
+def publisher(model_config: ModelConfig, base, meshes, dtype: str, trainer_mesh):
+  """`publish(trained params, i)`: the policy on searcher i's devices, in `dtype`.
+
+  Full fine-tuning: every weight is copied. LoRA: only the adapters move; each
+  searcher holds the base once, placed here (the trainer's own arrays when the
+  roles share a device in the same dtype), and a published policy is that base
+  combined with the new adapters.
+  """
+  shardings = [sharding.param_shardings(model_config, "searcher", m) for m in meshes]
+  if model_config.lora is None:
+    return lambda params, i: weight_sync.publish(params, shardings[i], dtype=dtype,
+                                                 trainer_mesh=trainer_mesh)
+  bases = [weight_sync.publish(base, lora.frozen(model_config, s), dtype=dtype,
+                               trainer_mesh=trainer_mesh, copy=False) for s in shardings]
+  adapter_shardings = [lora.trained(model_config, s) for s in shardings]
+  return lambda adapters, i: lora.combine(bases[i], weight_sync.publish(
+      adapters, adapter_shardings[i], dtype=dtype, trainer_mesh=trainer_mesh))
 
 
 def model_path(path: str) -> str:
@@ -164,9 +219,10 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
   """This process's searchers, one per mesh, with the task's reward stage built on each.
 
   `publish(params, i)` places params on searcher i's devices; `params` are the trainer's
-  first weights (version 0), `reference` the reference policy's (trainer-side) params.
-  Each searcher samples its own shard of the training prompts (a global stride over
-  every process's searchers). `fault_cfg`: the config's `fault` section, whose
+  first weights (version 0), `reference` the reference policy's (trainer-side) params,
+  or None: the first weights (with LoRA: the base, adapters off). Each searcher
+  samples its own shard of the training prompts (a global stride over every
+  process's searchers). `fault_cfg`: the config's `fault` section, whose
   searcher_fail_at makes searcher `fault_cfg.searcher`'s reward stage raise (a testing aid).
   """
   s = sampler_cfg
@@ -185,8 +241,15 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
     if fault_cfg.searcher_fail_at and shard == fault_cfg.searcher:
       reward = faults.FailingReward(reward, fault_cfg.searcher_fail_at,
                                     fault_cfg.searcher_fail_repeats)
+    if reference is not None:
+      ref, ref_config = publish(reference, i), None
+    elif model_config.lora is not None:
+      # The reference is the base model: the adapters off (not zero: no work spent on them).
+      ref, ref_config = lora.split(first)[0], lora.base_config(model_config)
+    else:
+      ref, ref_config = first, None
     searchers.append(Searcher(
-        shard, sampler=sampler, ref_params=first if reference is None else publish(reference, i),
+        shard, sampler=sampler, ref_params=ref, ref_model_config=ref_config,
         mailbox=weight_sync.Mailbox(0, first),
         stream=PromptStream(train_ids[shard::num_shards], seed=seed + shard),
         prompt_tokens=prompt_tokens, problems=problems, decode=tokenizer.decode,

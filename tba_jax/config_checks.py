@@ -13,6 +13,8 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable, Iterable
 
+from tba_jax.model_config import LORA_TARGETS
+
 # Keys whose value must be one of a fixed set.
 CHOICES = {
     "sync.mode": ("async", "alternate"),
@@ -42,14 +44,14 @@ AT_LEAST_ZERO = (
     "optim.warmup_steps", "optim.stable_steps", "optim.decay_steps", "optim.weight_decay",
     "optim.grad_clip_norm", "buffer.max_entries", "eval.every", "eval.every_seconds",
     "eval.num_problems", "eval.num_samples", "searcher.max_restarts", "fault.searcher_fail_at",
-    "fault.searcher", "fault.stop_at_step", "fault.stop_process")
+    "fault.searcher", "fault.stop_at_step", "fault.stop_process", "model.lora.rank")
 # Closed intervals [low, high].
 INTERVALS = {
     "buffer.m": (0.0, 1.0), "buffer.reward_weight": (0.0, 1.0), "optim.b1": (0.0, 1.0),
     "optim.b2": (0.0, 1.0),
 }
 # Open below: must be > 0.
-POSITIVE = ("sampler.temperature", "sampler.top_p", "buffer.reward_tau")
+POSITIVE = ("sampler.temperature", "sampler.top_p", "buffer.reward_tau", "model.lora.alpha")
 PROMPT_STYLES = ("paper", "chat")
 
 
@@ -120,6 +122,11 @@ def _problems(config) -> Iterable[str]:
     if not has_question:
       yield (f"task.prompt_style={style!r}: must be 'paper', 'chat' or a format string whose "
              "only field is {question}")
+  targets = [t.strip() for t in str(get("model.lora.targets")).split(",")]
+  if targets != ["all"] and (not all(t in LORA_TARGETS for t in targets) or
+                             len(set(targets)) != len(targets)):
+    yield (f"model.lora.targets={get('model.lora.targets')!r}: must be 'all' or distinct names "
+           f"from {','.join(LORA_TARGETS)}")
   if get("model.path") == "random" and not get("model.tokenizer"):
     yield "model.tokenizer='': a random model needs a tokenizer (e.g. 'bytes')"
   if not get("model.path"):

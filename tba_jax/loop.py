@@ -37,7 +37,7 @@ import jax
 import numpy as np
 import tqdm
 
-from tba_jax import config_checks, distributed, faults, hf_checkpoints, run_info, sharding
+from tba_jax import config_checks, distributed, faults, hf_checkpoints, lora, model, run_info
 from tba_jax import train_step
 from tba_jax import config_builders as build
 from tba_jax import weight_sync
@@ -53,6 +53,8 @@ __all__ = ["run", "SearcherError", "FINISHED_FILE"]
 
 # Written to the workdir after the final evaluation and export: {"step", eval metrics}.
 FINISHED_FILE = "finished.json"
+# With LoRA, the export's subdirectory holding the adapter in PEFT's format.
+ADAPTER_DIR = "adapter"
 
 
 
@@ -95,9 +97,10 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   tokenizer = build.load_tokenizer(c.model)
   task = task or build.build_task(c.task, tokenizer)
   master32 = c.optim.master_weights_fp32 and c.model.dtype == "bfloat16"
-  model_cfg, params = build.load_model(c.model, tokenizer,
-                                       "float32" if master32 else c.model.dtype, trainer_mesh,
-                                       c.seed)
+  # params: what the trainer trains (the whole model, or LoRA adapters over the frozen base).
+  model_cfg, params, base = build.load_policy(c.model, tokenizer,
+                                              "float32" if master32 else c.model.dtype,
+                                              trainer_mesh, c.seed)
   # Ids are per split (the replay buffer's prompt ids are train ids).
   prompt_tokens = build.encode_prompts(task.train, task, tokenizer, c.task.max_prompt_len)
   tp, tc = c.task.max_prompt_len, c.sampler.max_new_tokens
@@ -105,9 +108,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   # Searchers (and evaluation) run in the published dtype, not the float32 of master
   # weights: their activations and KV cache are bfloat16 on accelerators.
   searcher_cfg = model_cfg.replace(dtype=searcher_dtype)
-  searcher_shardings = [sharding.param_shardings(model_cfg, "searcher", m) for m in searcher_meshes]
-  publish = lambda p, i: weight_sync.publish(p, searcher_shardings[i], dtype=searcher_dtype,
-                                             trainer_mesh=trainer_mesh)
+  publish = build.publisher(model_cfg, base, searcher_meshes, searcher_dtype, trainer_mesh)
 
   # ----- Trainer --------------------------------------------------------------
   o = c.optim
@@ -118,12 +119,14 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   state = train_step.init_state(params, optimizer,
                                 train_step.state_shardings(model_cfg, optimizer, trainer_mesh))
   del params
-  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  num_params = model.count_params(lora.base_config(model_cfg))
   beta = build.beta_schedule(c.loss)
-  update = train_step.make_update(
+  train = train_step.make_update(
       model_cfg, optimizer, build.loss_fn(c.loss), beta, trainer_mesh,
       temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
       num_microbatches=o.num_microbatches, remat=c.model.remat, lr_schedule=lr)
+  # LoRA: every update also reads the frozen base (never donated, never rebound).
+  update = (lambda state, batch: train(state, batch, base)) if base else train
   batch_sharding = train_step.batch_shardings(trainer_mesh)
   global_buffer = ReplayBuffer(c.buffer.max_per_prompt, c.buffer.max_entries or None,
                                c.buffer.eviction, seed=c.seed, dedup=c.buffer.dedup)
@@ -334,7 +337,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     metrics_writer.write(last, final)
     if c.export:
       _export(model_cfg.replace(dtype=c.model.dtype), state.params, tokenizer,
-              os.path.join(workdir, "export"), is_main)
+              os.path.join(workdir, "export"), is_main, base=base,
+              base_model=None if c.model.path == "random" else build.model_path(c.model.path))
     if is_main:
       _write_json(os.path.join(workdir, FINISHED_FILE), {"step": last, **final})
       print(f"Finished at step {last}: " + ", ".join(f"{k} {v:.3f}" for k, v in final.items()))
@@ -400,12 +404,22 @@ def _write_json(path: str, value: dict) -> None:
   os.replace(path + ".tmp", path)  # whole or absent, never half-written
 
 
-def _export(cfg: ModelConfig, params, tokenizer, out_dir: str, is_main: bool) -> None:
+def _export(cfg: ModelConfig, params, tokenizer, out_dir: str, is_main: bool, base=None,
+            base_model: str | None = None) -> None:
+  """The policy in HF format; with LoRA merged into the base, and the adapters beside it
+  in PEFT's format (out_dir/adapter, for peft onto `base_model`)."""
+  adapters = None
+  if cfg.lora is not None:
+    adapters, params = params, lora.merge(cfg, lora.combine(base, params))
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
-    params = multihost_utils.process_allgather(params, tiled=True)
+    params, adapters = multihost_utils.process_allgather((params, adapters), tiled=True)
   if is_main:
-    hf_checkpoints.save_hf(cfg, jax.tree.map(lambda x: np.asarray(x).astype(cfg.jnp_dtype), params),
-                        out_dir)
+    hf_checkpoints.save_hf(lora.base_config(cfg),
+                           jax.tree.map(lambda x: np.asarray(x).astype(cfg.jnp_dtype), params),
+                           out_dir)
     tokenizer.save_pretrained(out_dir)  # tokenizer files + generation_config.json (EOS ids)
-    print(f"Exported the policy to {out_dir} (Hugging Face format).")
+    if adapters is not None:
+      lora.save_peft(cfg, adapters, os.path.join(out_dir, ADAPTER_DIR), base_model)
+    print(f"Exported the policy to {out_dir} (Hugging Face format"
+          f"{f'; its LoRA adapter in PEFT format in {ADAPTER_DIR}/' if adapters else ''}).")

@@ -7,7 +7,11 @@ architectures differ only by ModelConfig switches: RMSNorm or LayerNorm, rotary
 embeddings in the rotate-half convention (llama3 / linear scaling; on a leading
 fraction of each head for GPT-NeoX) or learned absolute positions (GPT-2),
 grouped-query attention, optional biases, SwiGLU or plain GELU MLP, sequential or
-parallel residual (GPT-NeoX), tied or untied output embedding.
+parallel residual (GPT-NeoX), tied or untied output embedding. With
+`cfg.lora`, the targeted projections also carry low-rank adapters (nnx.LoRA,
+their leaves `.../q_lora/lora_a` and `lora_b`): x W + (alpha / rank) x A B, the
+update computed beside the frozen projection rather than merged into it, so the
+trainer's gradient is only the adapters' (lora.py splits, merges and exports them).
 
 The training forward and the cached decode step are one code path: a forward
 over T new tokens writes their keys/values at slots [index, index + T) of a
@@ -22,7 +26,7 @@ sync, checkpoints and resharding are ordinary pytree operations.
 Einsum axis legend:
   B batch, T query length, S key/value length (cache slots), N query heads,
   K key/value heads, G query heads per kv head (N = K * G), H head dim,
-  D model dim, F mlp dim, V vocab, C labels, L layers.
+  D model dim, F mlp dim, V vocab, C labels, L layers, R LoRA rank.
 """
 from __future__ import annotations
 
@@ -33,12 +37,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from tba_jax import encoder as encoder_lib
 from tba_jax.layers import (ACTIVATION_FNS, Norm, apply_rope, mean_pool_normalized, param, project,
                             rope_inv_freq)
-from tba_jax.model_config import EncoderConfig, ModelConfig, RopeScaling  # noqa: F401 (re-exported)
+from tba_jax.model_config import EncoderConfig, LoRAConfig, ModelConfig, RopeScaling  # noqa: F401 (re-exported)
 
 Params = dict[str, Any]
 
@@ -48,6 +53,39 @@ Params = dict[str, Any]
 # ---------------------------------------------------------------------------
 def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> Norm:
   return Norm(cfg.dim, cfg.norm, cfg.norm_eps, cfg.jnp_dtype, rngs)
+
+
+def input_dims(projection: str) -> int:
+  """How many leading dims of a projection's kernel are its input ([N,H,D] for o)."""
+  return 2 if projection == "o" else 1
+
+
+def _add_adapters(module: nnx.Module, cfg: ModelConfig, which: str, rngs: nnx.Rngs) -> None:
+  """An nnx.LoRA [in, R] x [R, out] per adapter of `which` ("attn"/"mlp"), with the
+  kernels' inputs and outputs flattened (the outputs of fused q/k/v concatenated)."""
+  for name, kernels in cfg.lora_adapters(which):
+    shapes = [getattr(module, k).shape for k in kernels]
+    n_in = input_dims(kernels[0])
+    setattr(module, name, nnx.LoRA(
+        math.prod(shapes[0][:n_in]), cfg.lora.rank, sum(math.prod(s[n_in:]) for s in shapes),
+        param_dtype=cfg.jnp_dtype, rngs=rngs,
+        # torch's Linear init, as PEFT draws A: U(+-1 / sqrt(in)); B starts at 0.
+        a_initializer=nnx.initializers.variance_scaling(1 / 3, "fan_in", "uniform")))
+
+
+def _adapted(module: nnx.Module, which: str, x, **outs) -> list:
+  """The projections `outs` of x [B,T,...] (by kernel name), each plus its adapter's
+  update scale * x A B (a fused adapter's output split over its kernels), in order.
+  Without adapters for them, `outs` unchanged: no operation is added."""
+  cfg = module.cfg
+  for name, kernels in cfg.lora_adapters(which):
+    if kernels[0] not in outs:  # an adapter of the module's other input
+      continue
+    delta = getattr(module, name)(x.reshape(*x.shape[:2], -1)) * cfg.lora.scale  # [B,T,out]
+    sizes = np.cumsum([math.prod(outs[k].shape[2:]) for k in kernels])[:-1]
+    for k, d in zip(kernels, jnp.split(delta, sizes, axis=-1)):
+      outs[k] = outs[k] + d.reshape(outs[k].shape)
+  return list(outs.values())
 
 
 class Attention(nnx.Module):
@@ -65,11 +103,13 @@ class Attention(nnx.Module):
     if cfg.bias:
       self.o_bias = param(rngs, (d,), dt)
     self.cfg = cfg
+    _add_adapters(self, cfg, "attn", rngs)
 
   def __call__(self, x, positions, mask, kv, index):
     """x [B,T,D]; mask [B,T,S]; kv = None, or (k, v, layer): the stacked cache
     buffers [L,B,K,S,H] and this layer's index into them."""
     q, k, v = project(x, self.q[...], self.k[...], self.v[...])  # [B,T,N,H], [B,T,K,H] x 2
+    q, k, v = _adapted(self, "attn", x, q=q, k=k, v=v)
     if self.cfg.qkv_bias:
       q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
     if self.cfg.position_embedding == "rope":
@@ -88,7 +128,7 @@ class Attention(nnx.Module):
     else:
       # XLA's reference attention on CPU (exact); cuDNN/TPU kernels elsewhere.
       out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
-    out = jnp.einsum("BTNH,NHD->BTD", out, self.o[...])
+    [out] = _adapted(self, "attn", out, o=jnp.einsum("BTNH,NHD->BTD", out, self.o[...]))
     return (out + self.o_bias[...] if self.cfg.bias else out), kv
 
 
@@ -153,18 +193,20 @@ class MLP(nnx.Module):
       self.up_bias = param(rngs, (f,), dt)
       self.down_bias = param(rngs, (d,), dt)
     self.cfg = cfg
+    _add_adapters(self, cfg, "mlp", rngs)
 
   def __call__(self, x):
     cfg, act = self.cfg, ACTIVATION_FNS[self.cfg.activation]
     if cfg.gated_mlp:
       gate, up = project(x, self.gate[...], self.up[...])  # [B,T,F] x 2
+      gate, up = _adapted(self, "mlp", x, gate=gate, up=up)
       if cfg.bias:
         gate, up = gate + self.gate_bias[...], up + self.up_bias[...]
       h = act(gate) * up
     else:
-      up = jnp.einsum("BTD,DF->BTF", x, self.up[...])
+      [up] = _adapted(self, "mlp", x, up=jnp.einsum("BTD,DF->BTF", x, self.up[...]))
       h = act(up + self.up_bias[...] if cfg.bias else up)
-    out = jnp.einsum("BTF,FD->BTD", h, self.down[...])
+    [out] = _adapted(self, "mlp", h, down=jnp.einsum("BTF,FD->BTD", h, self.down[...]))
     return out + self.down_bias[...] if cfg.bias else out
 
 

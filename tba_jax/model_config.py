@@ -6,6 +6,7 @@
                  sequence-classification head (reward models).
   EncoderConfig  a BERT / RoBERTa encoder, with or without its
                  sequence-classification head (classifiers, sentence embeddings).
+  LoRAConfig     low-rank adapters on a decoder's projections (ModelConfig.lora).
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import dataclasses
 import jax.numpy as jnp
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+# Projections LoRA can adapt, by our parameter names: attention q/k/v/o, MLP gate/up/down.
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +46,36 @@ class _Config:
   @property
   def jnp_dtype(self):
     return jnp.dtype(self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRAConfig:
+  """Low-rank adapters (PEFT's LoRA, dropout 0): each targeted projection W computes
+  x W + (alpha / rank) x A B, with A [in, rank] and B [rank, out] trained and W frozen.
+
+  `targets` name our projections (LORA_TARGETS). Where Hugging Face stores q, k, v
+  as one fused projection (GPT-2's c_attn, GPT-NeoX's query_key_value) they get one
+  adapter over the fused output, as PEFT gives that module: one A, one B whose
+  columns are the q, k, v outputs.
+  """
+  rank: int
+  alpha: float
+  targets: tuple[str, ...]
+
+  def __post_init__(self):
+    if self.rank < 1:
+      raise ValueError(f"LoRA rank={self.rank} must be >= 1 (rank 0 is full fine-tuning: "
+                       "no LoRAConfig)")
+    if not self.alpha > 0:
+      raise ValueError(f"LoRA alpha={self.alpha} must be > 0")
+    unknown = [t for t in self.targets if t not in LORA_TARGETS]
+    if unknown or not self.targets or len(set(self.targets)) != len(self.targets):
+      raise ValueError(f"LoRA targets={','.join(self.targets)!r}: must be distinct names from "
+                       f"{','.join(LORA_TARGETS)}")
+
+  @property
+  def scale(self) -> float:
+    return self.alpha / self.rank
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +110,7 @@ class ModelConfig(_Config):
   bias: bool = False  # the attention output and MLP projections have biases
   num_labels: int = 0  # 0: LM head (logits); n > 0: a sequence-classification head [D, n]
   pad_token_id: int | None = None  # without a mask, scores() read at the last non-pad token
+  lora: LoRAConfig | None = None  # low-rank adapters on the projections (None: none)
 
   def __post_init__(self):
     self._check_common()
@@ -92,10 +126,48 @@ class ModelConfig(_Config):
       raise ValueError(f"head_dim={self.head_dim} x rotary_fraction={self.rotary_fraction} = "
                        f"{self.rotary_dim} rotary dims; rotary embeddings need a positive even count")
 
+    if self.lora is not None:
+      self._check_lora()
+
+  def _check_lora(self):
+    targets = set(self.lora.targets)
+    if "gate" in targets and not self.gated_mlp:
+      raise ValueError(f"LoRA target 'gate': a {self.model_type} MLP has no gate projection "
+                       "(targets: q, k, v, o, up, down)")
+    qkv = targets & {"q", "k", "v"}
+    if self.fused_qkv and qkv and qkv != {"q", "k", "v"}:
+      raise ValueError(f"LoRA targets {','.join(sorted(qkv))}: {self.model_type} computes q, k "
+                       "and v in one projection, which takes one adapter; target all three "
+                       "or none")
+
   @property
   def rotary_dim(self) -> int:
     """Rotated dims per head, truncated as HF truncates them."""
     return int(self.head_dim * self.rotary_fraction)
+
+  @property
+  def projections(self) -> tuple[str, ...]:
+    """The projections this architecture has, by our names (LORA_TARGETS)."""
+    return tuple(p for p in LORA_TARGETS if p != "gate" or self.gated_mlp)
+
+  @property
+  def fused_qkv(self) -> bool:
+    """Hugging Face stores q, k, v as one projection (GPT-2 c_attn, GPT-NeoX query_key_value)."""
+    return self.model_type in ("gpt2", "gpt_neox")
+
+  def lora_adapters(self, module: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(adapter name, the projections it adapts) of `module` ("attn" or "mlp"), e.g.
+    (("q_lora", ("q",)), ("v_lora", ("v",))), or (("qkv_lora", ("q", "k", "v")),) where
+    q/k/v are fused. Empty without LoRA."""
+    if self.lora is None:
+      return ()
+    names = ("q", "k", "v", "o") if module == "attn" else ("gate", "up", "down")
+    targets = [t for t in names if t in self.lora.targets]
+    out = []
+    if self.fused_qkv and "q" in targets:
+      out.append(("qkv_lora", ("q", "k", "v")))
+      targets = [t for t in targets if t not in ("q", "k", "v")]
+    return tuple(out + [(t + "_lora", (t,)) for t in targets])
 
 
 @dataclasses.dataclass(frozen=True)

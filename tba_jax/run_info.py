@@ -13,6 +13,8 @@ from typing import Callable
 
 import jax
 
+from tba_jax import lora
+
 
 def _points(fn: Callable[[int], float], steps, last: int) -> str:
   """`fn` at the given steps (within 1..last), e.g. "0.014 @1 -> 0.004 @500 -> 0.004 @700"."""
@@ -43,6 +45,12 @@ def describe(c, *, trainer_mesh, searcher_meshes, mode: str, model_config, num_p
     note = (f"sync.mode={c.sync.mode!r} asked, but this host has one device: the roles share "
             "it and take turns")
   b, s = c.buffer, c.sampler
+  adapters = model_config.lora
+  lora_info = {} if adapters is None else {"lora": {
+      "rank": adapters.rank, "alpha": adapters.alpha, "targets": ",".join(adapters.targets),
+      "trained_parameters": lora.count(model_config),
+      # Adapters are trained parameters: float32 masters like any (loop.run); the base is frozen.
+      "dtype": "float32" if c.optim.master_weights_fp32 else c.model.dtype}}
   return {
       "devices": {"count": jax.device_count(), "platform": device.platform,
                   "kind": device.device_kind, "processes": jax.process_count()},
@@ -56,7 +64,7 @@ def describe(c, *, trainer_mesh, searcher_meshes, mode: str, model_config, num_p
                 "parameters": int(num_params), "layers": model_config.num_layers,
                 "dim": model_config.dim, "vocab": model_config.vocab_size,
                 "dtype": c.model.dtype, "master_dtype": str(model_config.dtype),
-                "searcher_dtype": c.sync.weights_dtype or c.model.dtype},
+                "searcher_dtype": c.sync.weights_dtype or c.model.dtype, **lora_info},
       "task": {"name": c.task.name, "train_problems": len(task.train),
                "test_problems": len(task.test), "eval_problems": num_eval_problems},
       "batch": {"prompts": b.num_prompts, "samples_per_prompt": b.samples_per_prompt,
@@ -83,6 +91,9 @@ def banner(setup: dict, workdir: str) -> str:
                                else ""),
       f"  model     {m['path']} ({m['type']}, {m['parameters'] / 1e6:.1f}M parameters, "
       f"{m['layers']} layers); trainer {m['master_dtype']}, searchers {m['searcher_dtype']}",
+      *([f"  lora      rank {m['lora']['rank']}, alpha {m['lora']['alpha']:g} on "
+         f"{m['lora']['targets']}: {m['lora']['trained_parameters'] / 1e6:.2f}M parameters "
+         f"trained ({m['lora']['dtype']}), the base frozen"] if "lora" in m else []),
       f"  task      {ta['name']}: {ta['train_problems']} train / {ta['test_problems']} test "
       f"problems, {ta['eval_problems']} evaluated",
       f"  batch     {ba['prompts']} prompts x {ba['samples_per_prompt']} samples, m={ba['m']}, "

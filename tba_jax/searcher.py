@@ -30,7 +30,7 @@ import numpy as np
 from tba_jax import batch as batch_lib
 from tba_jax import sharding, train_step
 from tba_jax.entries import Entry
-from tba_jax.model import Params
+from tba_jax.model import ModelConfig, Params
 from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.rewards import RewardBatch, RewardFn
 from tba_jax.sampler import Rollouts, Sampler
@@ -95,16 +95,19 @@ class Searcher:
   """Generates, scores and stores completions for one shard of the prompts.
 
   The sampler holds the model, its devices, the temperature and the special
-  ids; `reward` is the task's reward stage built on the same devices.
+  ids; `reward` is the task's reward stage built on the same devices. The
+  reference is `ref_params` of `ref_model_config` (None: the sampler's model;
+  a LoRA policy's reference is its base model, adapters off).
   """
 
   def __init__(self, searcher_id: int, *, sampler: Sampler, ref_params: Params,
                mailbox: Mailbox, stream: PromptStream, prompt_tokens: dict[int, list[int]],
                problems: dict[int, Problem], decode: Callable[[Sequence[int]], str],
                reward: RewardFn, num_prompts: int, num_samples: int, max_prompt_len: int,
-               seed: int):
+               seed: int, ref_model_config: ModelConfig | None = None):
     self.id, self.sampler = searcher_id, sampler
     self.ref_params = ref_params  # frozen reference, on this searcher's devices
+    self.ref_model_config = ref_model_config or sampler.model_config
     self.mailbox, self.stream = mailbox, stream
     self.prompt_tokens, self.problems = prompt_tokens, problems
     self.decode, self.reward = decode, reward
@@ -170,7 +173,7 @@ class Searcher:
     tokens, mask = batch_lib.token_rows(prompts + [[]] * (b - n), completions, tp, tc,
                                         self.sampler.options.pad_id)
     place = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.sampler.mesh, 2))
-    lp = _completion_logprobs(self.sampler.model_config, self.ref_params, place(tokens),
+    lp = _completion_logprobs(self.ref_model_config, self.ref_params, place(tokens),
                               place(mask), completion_len=tc,
                               temperature=self.sampler.options.temperature)
     return np.where(mask[:n, tp:] > 0, np.asarray(lp)[:n], 0.0)

@@ -8,8 +8,8 @@ Two roles, two meshes built from disjoint device subsets:
            tensor-parallel over "tensor" (heads, mlp, vocab); the batch is split
            over "data".
 
-One table maps each parameter (by its name in the parameter dict) to the axes
-of its dimensions. A dimension that its mesh axis does not divide is left
+One table maps each parameter (by its name in the parameter dict, LoRA adapters
+included) to the axes of its dimensions. A dimension that its mesh axis does not divide is left
 unsharded, so odd head counts (SmolLM2 has 9 heads) still work.
 """
 from __future__ import annotations
@@ -56,6 +56,16 @@ _DIMS = {
     "layers/mlp/gate_bias": "LF",
     "layers/mlp/up_bias": "LF",
     "layers/mlp/down_bias": "LD",
+    # LoRA adapters (lora.py): A [L, in, R], B [L, R, out], inputs / outputs flattened
+    # (E: flattened heads, never sharded; R: the rank, never sharded).
+    **{f"layers/attn/{x}_lora/lora_a": "LDR" for x in ("q", "k", "v", "qkv")},
+    **{f"layers/attn/{x}_lora/lora_b": "LRE" for x in ("q", "k", "v", "qkv")},
+    "layers/attn/o_lora/lora_a": "LER",
+    "layers/attn/o_lora/lora_b": "LRD",
+    **{f"layers/mlp/{x}_lora/lora_a": "LDR" for x in ("gate", "up")},
+    **{f"layers/mlp/{x}_lora/lora_b": "LRF" for x in ("gate", "up")},
+    "layers/mlp/down_lora/lora_a": "LFR",
+    "layers/mlp/down_lora/lora_b": "LRD",
 }
 
 # Which mesh axis each named dimension goes to, per role: FSDP shards the

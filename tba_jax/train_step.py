@@ -23,6 +23,12 @@ argument of `make_update`):
   weight (2^-9 to 2^-8 of its magnitude) is lost: Adam's steps are rarely above
   the lr, so at lr 1e-5 a weight larger than about 4e-3 rarely moves.
 
+LoRA (`model_config.lora`): the trained parameters are the adapters only (the
+TrainState's params, optimizer moments and gradients cover nothing else); the
+frozen base weights are an argument of every update (`update(state, batch,
+base)`, not donated), in the model dtype (no master copy: they never change),
+combined with the adapters inside the program (lora.py).
+
 Learning-rate schedules are functions of the 1-based update index u, as the
 beta schedules: the authors step their scheduler before each update
 (tba_trainer_gsm8k.py L665), so update u uses lr(u) and the first update of a
@@ -42,7 +48,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from tba_jax import losses, model, sharding
+from tba_jax import lora, losses, model, sharding
 from tba_jax.batch import TrainBatch  # noqa: F401  (re-exported: train_step.TrainBatch)
 from tba_jax.model import ModelConfig, Params
 
@@ -50,7 +56,8 @@ from tba_jax.model import ModelConfig, Params
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class TrainState:
-  params: Params             # FSDP-sharded, float32 (master) or bfloat16
+  params: Params             # the trained parameters (all, or the LoRA adapters): FSDP-sharded,
+                             # float32 (master) or bfloat16
   opt_state: optax.OptState  # moments (float32, or bfloat16 with adamw_rounded), sharded like params
   step: jax.Array            # int32 scalar: updates taken so far
 
@@ -214,11 +221,12 @@ def _float32(tree):
 
 def state_shardings(model_config: ModelConfig, optimizer: optax.GradientTransformation,
                     mesh: Mesh) -> TrainState:
-  """TrainState of NamedShardings: params and every param-shaped optimizer leaf
-  FSDP-sharded on the trainer mesh, optimizer scalars and the step replicated."""
-  param_sh = sharding.param_shardings(model_config, "trainer", mesh)
+  """TrainState of NamedShardings: the trained params (lora.trained) and every
+  param-shaped optimizer leaf FSDP-sharded on the trainer mesh, optimizer scalars
+  and the step replicated."""
+  param_sh = lora.trained(model_config, sharding.param_shardings(model_config, "trainer", mesh))
   opt_shapes = jax.eval_shape(lambda p: optimizer.init(_float32(p)),
-                              model.param_shapes(model_config))
+                              lora.trained(model_config, model.param_shapes(model_config)))
   opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, opt_shapes, param_sh,
                                  transform_non_params=lambda _: sharding.replicated(mesh))
   return TrainState(params=param_sh, opt_state=opt_sh, step=sharding.replicated(mesh))
@@ -235,7 +243,7 @@ def init_state(params: Params, optimizer: optax.GradientTransformation,
                shardings: TrainState) -> TrainState:
   """A fresh TrainState on `shardings` (from state_shardings); step 0.
 
-  The params are copied, so the caller's arrays survive the donation of the
+  `params`: the trained parameters (lora.trained: with LoRA, the adapters). They are copied, so the caller's arrays survive the donation of the
   state by the first update. The optimizer decides its moments' dtype (float32
   even for bfloat16 params, unless it is adamw_rounded; module docstring).
   """
@@ -309,14 +317,19 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
   update applies, lr(u) of u = step + 1), reward_mean, num_tokens (real prompt + completion tokens: tokens/s is
   num_tokens over the caller's wall time of the step), completion_tokens, and
   the loss function's own (TB: log_z_mean, kl, ratio_weight_mean).
+
+  With LoRA the program is `update(state, batch, base)`: `base` the frozen weights
+  (lora.frozen; on their trainer shardings), differentiated through but not trained.
   """
   compute_config = model_config.replace(dtype=compute_dtype)
   state_sh = state_shardings(model_config, optimizer, mesh)
 
-  def objective(params, batch, beta):
+  def objective(params, frozen, batch, beta):
     # Master weights: the cast is part of the differentiated function, so the
-    # gradient w.r.t. float32 params comes back in float32.
-    params = jax.tree.map(lambda p: p.astype(compute_config.jnp_dtype), params)
+    # gradient w.r.t. float32 params comes back in float32. (A frozen base already
+    # in the compute dtype is not cast: astype to the same dtype is no copy.)
+    params = jax.tree.map(lambda p: p.astype(compute_config.jnp_dtype),
+                          lora.combine(frozen, params))
     token_lp = completion_token_logprobs(compute_config, params, batch.tokens,
                                          batch.attention_mask, batch.completion_mask.shape[1],
                                          temperature, remat)
@@ -324,16 +337,16 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
 
   grad_fn = jax.value_and_grad(objective, has_aux=True)
 
-  def update(state: TrainState, batch: TrainBatch):
+  def update_with(state: TrainState, batch: TrainBatch, frozen: Params):
     beta = beta_schedule(state.step + 1)
     if num_microbatches == 1:
-      (loss, aux), grads = grad_fn(state.params, batch, beta)
+      (loss, aux), grads = grad_fn(state.params, frozen, batch, beta)
       grads = _float32(grads)
     else:
       micro = _group_sorted_microbatches(batch, num_microbatches, mesh)
 
       def accumulate(grad_sum, micro_batch):
-        (loss, aux), grads = grad_fn(state.params, micro_batch, beta)
+        (loss, aux), grads = grad_fn(state.params, frozen, micro_batch, beta)
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
         grad_sum = jax.lax.with_sharding_constraint(grad_sum, state_sh.params)
         return grad_sum, (loss, aux)
@@ -359,5 +372,14 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
       metrics["lr"] = jnp.asarray(lr, jnp.float32)
     return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
-  return jax.jit(update, in_shardings=(state_sh, batch_shardings(mesh)),
-                 out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=0)
+  out_sh = (state_sh, sharding.replicated(mesh))
+  if model_config.lora is None:  # nothing frozen: the two-argument program
+
+    def update(state: TrainState, batch: TrainBatch):
+      return update_with(state, batch, {})
+
+    return jax.jit(update, in_shardings=(state_sh, batch_shardings(mesh)), out_shardings=out_sh,
+                   donate_argnums=0)
+  frozen_sh = lora.frozen(model_config, sharding.param_shardings(model_config, "trainer", mesh))
+  return jax.jit(update_with, in_shardings=(state_sh, batch_shardings(mesh), frozen_sh),
+                 out_shardings=out_sh, donate_argnums=0)

@@ -51,11 +51,14 @@ def _gather_and_cast(params: Params, dtype: str | None, trainer_mesh) -> Params:
 
 
 def publish(params: Params, searcher_shardings, *, dtype: str | None = None,
-            trainer_mesh=None) -> Params:
+            trainer_mesh=None, copy: bool = True) -> Params:
   """A copy of `params` on the searcher shardings (asynchronously dispatched).
 
   `dtype`: cast before the copy (e.g. "bfloat16"); None keeps the trainer's.
   `trainer_mesh`: needed only when the trainer spans several processes.
+  `copy=False`: where an array already sits on its searcher devices in `dtype`
+  (one device shared by both roles), the searcher gets the same array. Only for
+  weights that are never donated (a LoRA run's frozen base, held once).
   """
   if jax.process_count() > 1:
     # Every process must run this gather in the same order (it is a collective).
@@ -65,7 +68,7 @@ def publish(params: Params, searcher_shardings, *, dtype: str | None = None,
   if dtype is not None and any(x.dtype != dtype for x in jax.tree.leaves(params)):
     params = _cast(params, dtype=dtype)
   # A real copy even when the slices share devices: the trainer donates its state.
-  return jax.device_put(params, searcher_shardings, may_alias=False)
+  return jax.device_put(params, searcher_shardings, may_alias=False if copy else None)
 
 
 class Mailbox:

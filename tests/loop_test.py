@@ -268,7 +268,7 @@ def test_rerunning_a_finished_run_does_nothing_and_a_raised_step_count_trains_on
 def test_a_run_killed_before_its_final_export_finishes_it_on_rerun(tmp_path, monkeypatch):
   c = tiny_config(num_train_steps=2, mesh=dict(num_devices=1), export=True)
 
-  def killed(*args):
+  def killed(*args, **kwargs):
     raise KeyboardInterrupt  # stands in for a kill after the final checkpoint
 
   with monkeypatch.context() as m:
