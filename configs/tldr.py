@@ -217,6 +217,9 @@ def _pythia2p8b(c):
   # Their pre-fill counter adds local_rollout_forward_batch_size (10) x 3 per batch of 20 x 3
   # completions, so the 2.8b run starts from about twice its nominal 10,000.
   c.buffer.update(prefill=20000)
+  # The evaluation's KV cache at 64 rows x 640 tokens would be 27 GB on a searcher's device
+  # (python -m benchmarks.memory --tldr); 16 rows keep the searcher under 60 GB.
+  c.eval.update(batch_size=16)
 
 
 def _table1(c):

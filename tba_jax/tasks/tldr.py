@@ -38,9 +38,11 @@ authors score: the query + the completion decoded with its special tokens
                         texts, right-pads them and also counts the padding positions up to
                         the batch's longest text; that part depends on how texts are batched
                         and on transformers' masking of padding queries, and is left out.
-The gold reward model is sharded (tensor-parallel) over all of this process's devices. A
-row whose text has no "TL;DR:" gets perplexity 1 (the authors' value: no label counts), a
-KL of 0 and a per-token perplexity of 1.
+The gold reward model is sharded (tensor-parallel) over all of this process's devices when
+the evaluation runs on a searcher of one device (the paper's layouts), else it stays on the
+evaluation's devices (`Evaluation.build`). A row whose text has no "TL;DR:" gets
+perplexity 1 (the authors' value: no label counts), a KL of 0 and a per-token perplexity
+of 1.
 """
 from __future__ import annotations
 
@@ -236,8 +238,13 @@ class Evaluation:
 
   def build(self, mesh):
     tok = self.tokenizer
-    devices = jax.local_devices()
-    gold_mesh = sharding.make_mesh("searcher", devices, tensor=len(devices))
+    gold_mesh = mesh
+    if mesh.devices.size == 1:
+      # Searchers of one device each run no collectives, so a program over every device
+      # (from the trainer's thread) cannot interleave with theirs in a different order on
+      # two devices. With larger searchers the gold model stays on the evaluation's own.
+      devices = jax.local_devices()
+      gold_mesh = sharding.make_mesh("searcher", devices, tensor=len(devices))
     cfg, params = load_classifier(self.gold_path, gold_mesh, tok.vocab_size, self.dtype)
     gold = rewards.Scorer(cfg, params, gold_mesh, pad_id=tok.pad_id,
                           length_buckets=LENGTH_BUCKETS, batch_buckets=(GOLD_ROWS,))
