@@ -183,6 +183,10 @@ def _base() -> ml_collections.ConfigDict:
       reward_tau=1.0,
       prefill=10000,             # completions in the buffer before the first step
   )
+  # The runtime's searcher restarts and fault injection (main's configs/gsm8k.py, issue 15).
+  c.searcher = dict(
+      max_restarts=3,        # a searcher whose batch raises is restarted up to this many times
+  )
   c.sync = dict(
       every=10,              # k: trainer steps between weight syncs / buffer merges
       mode="async",          # "async" (searchers in threads) or "alternate"
@@ -201,6 +205,9 @@ def _base() -> ml_collections.ConfigDict:
   c.checkpoint = dict(every=64, max_to_keep=3)
   c.log = dict(every=1, tensorboard=True, wandb_project="")
   c.export = True  # write the final policy to WORKDIR/export (Hugging Face format)
+  c.fault = dict(            # fault injection, a testing aid (README "Fault injection"); 0 = off
+      searcher_fail_at=0, searcher_fail_repeats=False, searcher=0, stop_at_step=0,
+      stop_signal="SIGKILL", stop_process=0)
   return c
 
 

@@ -28,9 +28,9 @@ class Task:
   templated_prompts: bool = False
   # A completion's final answer (evaluation counts the distinct ones); None: not reported.
   answer: Callable[[str], Any] | None = None
-  # The task's own evaluation metrics: an object with build(mesh) -> fn(RewardBatch) ->
-  # {name: per-row values or one float} (evaluation.MetricsFn), called on every completion
-  # of an evaluation pass; None: only the reward-based metrics.
+  # The task's own evaluation metrics: an object with build(mesh) -> fn(RewardBatch,
+  # evaluation.Policy) -> {name: per-row values or one float} (evaluation.MetricsFn), called
+  # on every completion of an evaluation pass; None: only the reward-based metrics.
   evaluation: Any = None
 
 
