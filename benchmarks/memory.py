@@ -1,8 +1,10 @@
-r"""Memory per device of each configs/gsm8k.py variant, computed (not measured).
+r"""Memory per device of each configs/gsm8k.py (or configs/tldr.py) variant, computed
+(not measured).
 
   python -m benchmarks.memory [VARIANT[,key=value,...] ...]   # default: every variant
+  python -m benchmarks.memory --tldr [VARIANT ...]             # configs/tldr.py's
 
-A variant argument takes configs/gsm8k.py's form (`qwen,optim.num_microbatches=7`).
+A variant argument takes the config's form (`qwen,optim.num_microbatches=7`).
 
 From the parameter shapes (jax.eval_shape of the model and of the optimizer's
 init: nothing is allocated) and each variant's batch sizes, the bytes each
@@ -22,9 +24,11 @@ plus the adapters' float32 masters, moments and gradients; a searcher holds the 
 once (its reference too: the adapters off) and two copies of the adapters, and on a
 device shared with the trainer the base is the trainer's own (counted once).
 
-With one device (qwen, qwen_lora) both live on it. The architectures are the models'
-Hugging Face config.json values (written below, so this runs offline).
-Compile time is not estimated here.
+With one device (qwen, qwen_lora) both live on it. TL;DR adds the reward models: each
+searcher holds the training reward model (reward dtype), and the gold reward model (6.9B)
+is sharded over all of the process's devices, a share on every device. The
+architectures are the models' Hugging Face config.json values (written below, so this
+runs offline). Compile time is not estimated here.
 """
 from __future__ import annotations
 
@@ -49,6 +53,25 @@ ARCHITECTURES = {
 }
 
 
+def _neox(dim, layers, heads, mlp, vocab=50304):
+  # GPT-NeoX (Pythia): parallel residual, LayerNorm, rotary on a quarter of each head.
+  return dict(vocab_size=vocab, dim=dim, mlp_dim=mlp, num_layers=layers, num_heads=heads,
+              num_kv_heads=heads, head_dim=dim // heads, norm="layer", parallel_residual=True,
+              rotary_fraction=0.25, activation="gelu", gated_mlp=False, qkv_bias=True, bias=True,
+              model_type="gpt_neox")
+
+
+# configs/tldr.py's models (EleutherAI/pythia-* config.json; the SFT and reward models
+# share their base's shapes, the reward models with a one-label head).
+PYTHIA = {"410m": _neox(1024, 24, 16, 4096), "1b": _neox(2048, 16, 8, 8192),
+          "2.8b": _neox(2560, 32, 32, 10240), "6.9b": _neox(4096, 32, 32, 16384, vocab=50432)}
+
+
+def _pythia(path: str, num_labels: int = 0) -> dict:
+  size = next(s for s in PYTHIA if f"pythia{s}-" in path or f"pythia-{s}-" in path)
+  return {**PYTHIA[size], "num_labels": num_labels}
+
+
 def _bytes(tree) -> int:
   import jax
   return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
@@ -56,16 +79,20 @@ def _bytes(tree) -> int:
 
 def estimate(arg: str) -> dict:
   """Per-device bytes of `arg` ("VARIANT[,key=value,...]") in the variant's layout."""
-  import jax
-  import jax.numpy as jnp
-
   from configs import gsm8k
-  from tba_jax import config_builders, lora, model, train_step
   from tba_jax.model import ModelConfig
 
   c = gsm8k.get_config(arg)
   master = "float32" if c.optim.master_weights_fp32 else c.model.dtype
-  cfg = ModelConfig(**ARCHITECTURES[c.model.path], dtype=master)
+  return _layout(arg, c, ModelConfig(**ARCHITECTURES[c.model.path], dtype=master))
+
+
+def _layout(arg: str, c, cfg) -> dict:
+  """The trainer's and a searcher's bytes per device for config `c` and policy `cfg`."""
+  import jax
+  import jax.numpy as jnp
+
+  from tba_jax import config_builders, lora, model, train_step
   cfg = cfg.replace(lora=config_builders.lora_config(c.model.lora, cfg))
   base, trained = lora.frozen(cfg, model.param_shapes(cfg)), lora.trained(cfg, model.param_shapes(cfg))
   num_params = model.count_params(lora.base_config(cfg))
@@ -96,8 +123,27 @@ def estimate(arg: str) -> dict:
           "shared": shared}
 
 
+def estimate_tldr(arg: str) -> dict:
+  """`estimate` for configs/tldr.py, with the reward models (module docstring)."""
+  from configs import tldr
+  from tba_jax import model
+  from tba_jax.model import ModelConfig
+
+  c = tldr.get_config(arg)
+  e = _layout(arg, c, ModelConfig(**_pythia(c.model.path), dtype="float32"))
+  size = lambda path: model.count_params(ModelConfig(**_pythia(path, num_labels=1)))
+  reward_bytes = 2 if c.task.reward_dtype == "bfloat16" else 4
+  # Every device of the process: num_devices, else the trainer's plus one per searcher.
+  devices = c.mesh.num_devices or c.mesh.num_trainer_devices + c.mesh.num_searchers
+  e.update(searcher_reward=size(c.task.reward_model) * reward_bytes,
+           gold_share=size(c.task.gold_reward_model) * reward_bytes / devices, devices=devices)
+  return e
+
+
 DEFAULT = ("cpu", "rho1b", "rho1b_stable", "qwen", "qwen,optim.num_microbatches=7", "qwen_lora",
            "cpu,model.lora.rank=16")
+TLDR = ("pythia410m", "pythia1b", "pythia2p8b", "pythia410m_table1", "pythia410m,mesh.num_devices=1",
+        "pythia410m,mesh.num_devices=1,task.reward_dtype=bfloat16")
 
 
 def table(variants=DEFAULT) -> str:
@@ -119,6 +165,29 @@ def table(variants=DEFAULT) -> str:
   return "\n".join(lines)
 
 
+def tldr_table(variants=TLDR) -> str:
+  lines = ["| variant | policy | devices | trainer device: state + logits floor + gold share | "
+           "searcher device: weights + reward model + KV cache + gold share |",
+           "|---|---|---|---|---|"]
+  for v in variants:
+    e = estimate_tldr(v)
+    g = e["gold_share"]
+    trainer = e["trainer_state"] + e["trainer_logits"] + g
+    searcher = e["searcher_weights"] + e["searcher_reward"] + e["searcher_kv"] + g
+    t = (f"{trainer / GB:.1f} GB ({e['trainer_state'] / GB:.1f} + "
+         f"{e['trainer_logits'] / GB:.1f} + {g / GB:.1f})")
+    s = (f"{searcher / GB:.1f} GB ({e['searcher_weights'] / GB:.1f} + "
+         f"{e['searcher_reward'] / GB:.1f} + {e['searcher_kv'] / GB:.1f} + {g / GB:.1f})")
+    if e["devices"] == 1:  # both roles (and the whole gold model, once) on one device
+      s = f"the same device: {(trainer + searcher - g) / GB:.1f} GB in all ({s})"
+    lines.append(f"| `{v}` | {e['parameters'] / 1e6:.0f}M | {e['devices']} | {t} | {s} |")
+  return "\n".join(lines)
+
+
 if __name__ == "__main__":
   import sys
-  print(table(sys.argv[1:] or DEFAULT))
+  args = sys.argv[1:]
+  if args[:1] == ["--tldr"]:
+    print(tldr_table(args[1:] or TLDR))
+  else:
+    print(table(args or DEFAULT))

@@ -231,6 +231,7 @@ def _base() -> ml_collections.ConfigDict:
       num_problems=0,        # 0 = the whole test split
       greedy=True,           # greedy pass@1
       num_samples=0,         # > 0: sampled pass@k over this many samples per problem
+      temperature=0.0,       # of the sampled evaluation; 0 = sampler.temperature
       max_new_tokens=512,
       batch_size=64,
   )

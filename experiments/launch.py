@@ -7,8 +7,10 @@ r"""The command line every experiment shares: flags, config errors, start-up, th
 
 An experiment module is `launch.main("EXPERIMENT.py:DEFAULT_VARIANT")`; the task is
 built from the config's `task` section (config_builders.build_task). Rerunning with
-the same --workdir resumes from the newest checkpoint there.
+the same --workdir resumes from the newest checkpoint there. A job other than
+training (experiments/evaluate_tldr.py) passes its own `job(config, workdir)`.
 """
+import functools
 import importlib.util
 import os
 import re
@@ -77,7 +79,7 @@ def _parse_flags(argv: list[str], default_config: str) -> list[str]:
     sys.exit(f"error: {_explain(e, argv)}")
 
 
-def _main(argv):
+def _main(argv, job=None):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
   config = _CONFIG.value
@@ -98,7 +100,7 @@ def _main(argv):
                          heartbeat_timeout_s=_HEARTBEAT.value)
   from tba_jax import loop
   try:
-    loop.run(config, _WORKDIR.value)
+    (job or loop.run)(config, _WORKDIR.value)
   except (config_checks.ConfigError, loop.SearcherError) as e:  # the message says it all
     sys.exit(f"error: {e}")
   except distributed.ProcessLostError as e:
@@ -108,6 +110,8 @@ def _main(argv):
     os._exit(1)
 
 
-def main(default_config: str) -> None:
-  """Runs the experiment; `default_config` ("gsm8k.py:cpu") when --config is not given."""
-  app.run(_main, flags_parser=lambda argv: _parse_flags(argv, default_config))
+def main(default_config: str, job=None) -> None:
+  """Runs the experiment (or `job(config, workdir)`); `default_config` ("gsm8k.py:cpu")
+  when --config is not given."""
+  app.run(functools.partial(_main, job=job),
+          flags_parser=lambda argv: _parse_flags(argv, default_config))

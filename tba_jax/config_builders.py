@@ -18,7 +18,7 @@ from tba_jax.model import LoRAConfig, ModelConfig, init_params
 from tba_jax.sampler import Sampler
 from tba_jax.searcher import PromptStream, Searcher
 from tba_jax.searcher_pool import SearcherPool
-from tba_jax.tasks import Task, arithmetic, gsm8k
+from tba_jax.tasks import Task, arithmetic, gsm8k, tldr
 
 
 def use_cpu_devices(num: int) -> None:
@@ -192,6 +192,8 @@ def load_tokenizer(model_cfg):
 
 
 def build_task(task_cfg, tokenizer) -> Task:
+  if task_cfg.name == "tldr":
+    return _tldr_task(task_cfg, tokenizer)
   if task_cfg.name == "gsm8k":
     path = task_cfg.data_path or None
     train, test = gsm8k.load("train", path), gsm8k.load("test", path)
@@ -200,7 +202,7 @@ def build_task(task_cfg, tokenizer) -> Task:
     train, test = arithmetic.make_problems(a.ops, a.low, a.high, seed=a.seed,
                                            test_fraction=a.test_fraction)
   else:
-    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, arithmetic)")
+    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, arithmetic, tldr)")
   if task_cfg.num_train_problems:
     train = train[:task_cfg.num_train_problems]
   style, suffix = task_cfg.prompt_style, task_cfg.question_suffix
@@ -210,6 +212,22 @@ def build_task(task_cfg, tokenizer) -> Task:
     prompt = lambda p: style.format(question=p.question + suffix)
   return Task(train=train, test=test, prompt=prompt, reward=rewards.TextReward(gsm8k.reward),
               templated_prompts=style == "chat", answer=gsm8k.extract_answer)
+
+
+def _tldr_task(t, tokenizer) -> Task:
+  """TL;DR (tasks/tldr.py): train / validation with the authors' prompt-length filter."""
+  tldr.check_tokenizer(tokenizer, tokenizer.hf.name_or_path)
+  path = t.data_path or None
+  train, dropped = tldr.to_problems(tldr.load_rows("train", path), tokenizer, t.max_prompt_len)
+  test, dropped_test = tldr.to_problems(tldr.load_rows("validation", path), tokenizer,
+                                        t.max_prompt_len)
+  if (dropped or dropped_test) and jax.process_index() == 0:
+    print(f"TL;DR: dropped {dropped} train and {dropped_test} validation prompts longer than "
+          f"task.max_prompt_len={t.max_prompt_len} tokens")
+  if t.num_train_problems:
+    train = train[:t.num_train_problems]
+  return tldr.make_task(train, test, tokenizer, reward_model=t.reward_model,
+                        gold_reward_model=t.gold_reward_model, dtype=t.reward_dtype)
 
 
 def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, meshes, *,
@@ -273,10 +291,11 @@ def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelC
       decode=tokenizer.decode, reward=rewards.as_stage(task.reward).build(mesh),
       eos_ids=tokenizer.eos_ids, batch_size=e.batch_size,
       greedy=make_sampler(greedy=True) if e.greedy else None,
-      sampled=make_sampler(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
-      if e.num_samples else None, num_samples=e.num_samples, answer=task.answer,
+      sampled=make_sampler(temperature=e.temperature or s.temperature, top_k=s.top_k,
+                           top_p=s.top_p) if e.num_samples else None,
+      num_samples=e.num_samples, answer=task.answer,
       metrics=task.evaluation.build(mesh) if task.evaluation is not None else None,
-      progress=progress)
+      model_config=model_config, progress=progress)
 
 
 def encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, list[int]]:

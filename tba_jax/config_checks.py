@@ -21,13 +21,15 @@ CHOICES = {
     "loss.name": ("tb", "rloo", "grpo"),
     "optim.schedule": ("wsd", "linear", "cosine", "constant"),
     "buffer.eviction": ("oldest", "lowest_reward"),  # replay_buffer.EVICTION_POLICIES
-    "task.name": ("gsm8k", "arithmetic"),
+    "task.name": ("gsm8k", "arithmetic", "tldr"),
     "model.dtype": ("float32", "bfloat16"),
     "sync.weights_dtype": ("", "float32", "bfloat16"),
     "model.add_bos": ("auto", "on", "off"),
     "optim.moments_dtype": ("float32", "bfloat16"),
     "fault.stop_signal": ("SIGKILL", "SIGTERM"),  # faults.SIGNALS
 }
+# Keys only one task has, checked when the config's task.name is that task.
+TASK_CHOICES = {"tldr": {"task.reward_dtype": ("float32", "bfloat16")}}
 # Counts and periods that must be >= 1.
 AT_LEAST_ONE = (
     "num_train_steps", "task.max_prompt_len", "mesh.num_trainer_devices", "mesh.num_searchers",
@@ -43,8 +45,9 @@ AT_LEAST_ZERO = (
     "loss.ratio_clip", "loss.kl_coef", "loss.ref_reset_every", "optim.learning_rate",
     "optim.warmup_steps", "optim.stable_steps", "optim.decay_steps", "optim.weight_decay",
     "optim.grad_clip_norm", "buffer.max_entries", "eval.every", "eval.every_seconds",
-    "eval.num_problems", "eval.num_samples", "searcher.max_restarts", "fault.searcher_fail_at",
-    "fault.searcher", "fault.stop_at_step", "fault.stop_process", "model.lora.rank")
+    "eval.num_problems", "eval.num_samples", "eval.temperature", "searcher.max_restarts",
+    "fault.searcher_fail_at", "fault.searcher", "fault.stop_at_step", "fault.stop_process",
+    "model.lora.rank")
 # Closed intervals [low, high].
 INTERVALS = {
     "buffer.m": (0.0, 1.0), "buffer.reward_weight": (0.0, 1.0), "optim.b1": (0.0, 1.0),
@@ -90,8 +93,9 @@ def unknown_key_message(key: str, config) -> str:
 def _problems(config) -> Iterable[str]:
   get = lambda key: lookup(config, key)
   checks: list[tuple[str, Callable[[Any], bool], str]] = []
+  task_choices = TASK_CHOICES.get(get("task.name"), {})
   checks += [(k, lambda v, c=c: v in c, "one of " + ", ".join(map(repr, c)))
-             for k, c in CHOICES.items()]
+             for k, c in {**CHOICES, **task_choices}.items()]
   checks += [(k, lambda v: v >= 1, ">= 1") for k in AT_LEAST_ONE]
   checks += [(k, lambda v: v >= 0, ">= 0") for k in AT_LEAST_ZERO]
   checks += [(k, lambda v, lo=lo, hi=hi: lo <= v <= hi, f"in [{lo}, {hi}]")
@@ -112,7 +116,8 @@ def _problems(config) -> Iterable[str]:
       close = difflib.get_close_matches(str(value), CHOICES.get(key, ()), n=1)
       hint = f" (did you mean {close[0]!r}?)" if close else ""
       yield f"{key}={value!r}: must be {allowed}{hint}"
-  style = get("task.prompt_style")
+  # Tasks with a fixed prompt (TL;DR's is the dataset's query) have no prompt_style.
+  style = get("task.prompt_style") if "prompt_style" in get("task") else "paper"
   if style not in PROMPT_STYLES:
     try:
       style.format(question="")

@@ -2,9 +2,13 @@
 
 Problems are batched through the same sampler the searchers use and scored by
 the task's reward stage (built on the evaluation devices); "pass" means a
-reward > 0, and pass@1 is the mean reward (0/1 for GSM8K). With several
-processes, each evaluates its own stride of the problems and the counts are
-summed across processes.
+reward > 0, and pass@1 is the mean reward (0/1 for GSM8K). A task's own
+metrics (Task.evaluation) see every completion of a pass at once, with the
+evaluated policy (`Policy`: its architecture, its params and the run's
+reference, e.g. for a KL); they carry their pass's name ("greedy_win_rate")
+when the evaluation runs both passes, and their own ("win_rate") when it runs
+one. With several processes, each evaluates its own stride of the problems and
+the counts are summed across processes.
 """
 from __future__ import annotations
 
@@ -20,10 +24,21 @@ from tba_jax.tasks import Problem
 
 # generate(params, prompts, key) -> Rollouts (a sampler.Sampler)
 GenerateFn = Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+  """The evaluated policy as a task's metrics see it (params on the evaluation devices)."""
+  model_config: Any  # model.ModelConfig of the policy (and of its reference)
+  params: Any
+  reference: Any = None  # the run's reference policy's params (None: not given)
+
+
 # A task's own evaluation metrics (Task.evaluation, built on the evaluation devices like a
-# reward stage), called once with every completion one evaluation pass generated:
-# {name: per-row values [N] (averaged over rows) or one float for the whole batch}.
-MetricsFn = Callable[[RewardBatch], dict[str, Any]]
+# reward stage), called once with every completion one evaluation pass generated and the
+# policy that generated them: {name: per-row values [N] (averaged over rows) or one float for
+# the whole batch}.
+MetricsFn = Callable[[RewardBatch, Policy], dict[str, Any]]
 
 
 @dataclasses.dataclass
@@ -38,7 +53,8 @@ class Evaluator:
   sampled: GenerateFn | None = None  # temperature sampler, or None to skip sampled metrics
   num_samples: int = 0
   answer: Callable[[str], Any] | None = None  # a completion's final answer: distinct_answers
-  metrics: MetricsFn | None = None  # the task's own metrics, per pass ("greedy_/sampled_" + name)
+  metrics: MetricsFn | None = None  # the task's own metrics, per pass (module docstring)
+  model_config: Any = None  # the policy's, for the metrics (Policy)
   progress: bool = True
 
   def _run(self, generate, params, indices, repeats, key, desc):
@@ -70,32 +86,39 @@ class Evaluator:
         texts=[t for b in batches for t in b.texts])
     return rewards.reshape(len(indices), repeats), whole
 
-  def _task_metrics(self, batch: RewardBatch, prefix: str, num_problems: int) -> dict:
+  def _task_metrics(self, batch: RewardBatch, policy: Policy, prefix: str,
+                    num_problems: int) -> dict:
     """The task's metrics as sums over this process's problems (the caller divides)."""
     if self.metrics is None:
       return {}
     out = {}
-    for name, value in self.metrics(batch).items():
+    for name, value in self.metrics(batch, policy).items():
       value = np.asarray(value, np.float64)
       # A per-row mean (or a batch-wide figure) weighted by this process's problem count.
       out[prefix + name] = (value.mean() if value.ndim else float(value)) * num_problems
     return out
 
-  def __call__(self, params, key) -> dict[str, float]:
-    """Metrics under "eval/..." keys, averaged over the problems of every process."""
+  def __call__(self, params, key, reference=None) -> dict[str, float]:
+    """Metrics under "eval/..." keys, averaged over the problems of every process.
+
+    `reference`: the run's reference policy's params, for the task's metrics (Policy).
+    """
     indices = list(range(jax.process_index(), len(self.problems), jax.process_count()))
+    policy = Policy(self.model_config, params, reference)
+    sampled = self.sampled is not None and self.num_samples > 0
+    both = self.greedy is not None and sampled  # the task's metrics then name their pass
     sums = {}
     if self.greedy is not None:
       r, batch = self._run(self.greedy, params, indices, 1, key, "eval greedy")
       sums["greedy_pass@1"] = r.sum()
-      sums.update(self._task_metrics(batch, "greedy_", len(indices)))
-    if self.sampled is not None and self.num_samples > 0:
+      sums.update(self._task_metrics(batch, policy, "greedy_" if both else "", len(indices)))
+    if sampled:
       n = self.num_samples
       r, batch = self._run(self.sampled, params, indices, n, jax.random.fold_in(key, 1),
                            "eval sampled")
       sums["sampled_pass@1"] = r.mean(axis=1).sum()
       sums[f"pass@{n}"] = (r.max(axis=1) > 0).sum()
-      sums.update(self._task_metrics(batch, "sampled_", len(indices)))
+      sums.update(self._task_metrics(batch, policy, "sampled_" if both else "", len(indices)))
       if self.answer is not None:
         answers = [self.answer(t) for t in batch.texts]
         sums["distinct_answers"] = float(sum(len(set(answers[k * n:(k + 1) * n]))

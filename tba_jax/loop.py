@@ -144,7 +144,9 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
                               searcher_meshes[0], tp, progress=is_main)
 
   def evaluate(params, step):
-    return evaluator(publish(params, 0), jax.random.fold_in(jax.random.key(c.seed + 1), step))
+    # The reference searcher 0 scores with (on the evaluation devices), for a task's metrics.
+    return evaluator(publish(params, 0), jax.random.fold_in(jax.random.key(c.seed + 1), step),
+                     reference=pool.searchers[0].ref_params)
 
   # ----- Resume -------------------------------------------------------------------
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), c.checkpoint.max_to_keep)

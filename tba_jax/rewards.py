@@ -120,8 +120,12 @@ class ModelReward:
   no_eos_reward: float | None = None
   pad_id: int = 0
 
+  def load(self, mesh):
+    """(config, params) of the reward model on `mesh` (a subclass may build them otherwise)."""
+    return hf_checkpoints.load(self.path, self.dtype, mesh=mesh, role="searcher")
+
   def build(self, mesh) -> RewardFn:
-    cfg, params = hf_checkpoints.load(self.path, self.dtype, mesh=mesh, role="searcher")
+    cfg, params = self.load(mesh)
     scorer = Scorer(cfg, params, mesh, pad_id=self.pad_id)  # refuses a model without a head
     if not 0 <= self.label < cfg.num_labels:
       raise ValueError(f"{self.path}: reward label {self.label} out of range: the checkpoint "

@@ -170,21 +170,32 @@ def from_gguf(path: str, add_bos: str = "auto") -> Tokenizer:
 
 
 BYTE_SPECIALS = ("<pad>", "<eos>", "<bos>", "<|im_start|>", "<|im_end|>")
+# Pythia's (GPT-NeoX-20B tokenizer's) first two ids, as the TL;DR SFT tokenizers set them:
+# <|endoftext|> = 0 is EOS (and BOS), <|padding|> = 1 the pad token (async_rlhf sft.py L68).
+PYTHIA_BYTE_SPECIALS = ("<|endoftext|>", "<|padding|>")
 
 
-def byte_tokenizer(add_bos: str = "auto") -> Tokenizer:
-  """A tiny real tokenizer for tests and the `tiny` config: 256 bytes + 5 specials.
+def byte_tokenizer(add_bos: str = "auto", pythia: bool = False) -> Tokenizer:
+  """A tiny real tokenizer for tests and the `tiny` configs: special tokens, then 256 bytes.
 
-  Ids 0-4 are the specials (pad, eos, bos, im_start, im_end); ids 5.. are bytes.
+  Default ("bytes"): ids 0-4 are the specials (pad, eos, bos, im_start, im_end), with a
+  chat template. `pythia=True` ("pythia_bytes"): Pythia's special ids instead
+  (PYTHIA_BYTE_SPECIALS), so a tiny TL;DR run sees the real EOS and pad ids and strings.
   """
   import transformers
   from tokenizers import Tokenizer as RawTokenizer, decoders, models, pre_tokenizers
+  specials = PYTHIA_BYTE_SPECIALS if pythia else BYTE_SPECIALS
   byte_chars = list(pre_tokenizers.ByteLevel.alphabet())
-  vocab = {t: i for i, t in enumerate(BYTE_SPECIALS)}
-  vocab.update({c: len(BYTE_SPECIALS) + i for i, c in enumerate(sorted(byte_chars))})
+  vocab = {t: i for i, t in enumerate(specials)}
+  vocab.update({c: len(specials) + i for i, c in enumerate(sorted(byte_chars))})
   raw = RawTokenizer(models.BPE(vocab, [], fuse_unk=False))
   raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
   raw.decoder = decoders.ByteLevel()
+  if pythia:
+    eos = specials[0]
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=eos, bos_token=eos,
+                                              unk_token=eos, pad_token=specials[1])
+    return _wrap(hf, (), add_bos)
   template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
   hf = transformers.PreTrainedTokenizerFast(
@@ -194,9 +205,10 @@ def byte_tokenizer(add_bos: str = "auto") -> Tokenizer:
 
 
 def load(path: str, add_bos: str = "auto") -> Tokenizer:
-  """A tokenizer for a model path: GGUF metadata, a HF directory / hub id, or "bytes"."""
-  if path == "bytes":
-    return byte_tokenizer(add_bos)
+  """A tokenizer for a model path: GGUF metadata, a HF directory / hub id, "bytes" or
+  "pythia_bytes" (byte_tokenizer)."""
+  if path in ("bytes", "pythia_bytes"):
+    return byte_tokenizer(add_bos, pythia=path == "pythia_bytes")
   if path.endswith(".gguf") and os.path.exists(path):
     return from_gguf(path, add_bos)
   return from_pretrained(path, add_bos)

@@ -38,10 +38,11 @@ def _evaluator(**kw):
   # sampled answers of problem 2 are wrong.
   reward = lambda batch: np.array([float(c[0] == p.gold) for c, p in
                                    zip(batch.completions, batch.problems)])
+  kw = {"greedy": FakeGenerate(True), **kw}
   return Evaluator(problems=problems, prompt_tokens=[[i] for i in range(3)],
                    decode=lambda ids: " ".join(map(str, ids)), reward=reward, eos_ids=(EOS,),
-                   batch_size=4, greedy=FakeGenerate(True), sampled=FakeGenerate(False),
-                   num_samples=2, answer=lambda text: text.split()[0], progress=False, **kw)
+                   batch_size=4, sampled=FakeGenerate(False), num_samples=2,
+                   answer=lambda text: text.split()[0], progress=False, **kw)
 
 
 def test_pass_rates_and_distinct_answers_per_problem():
@@ -55,12 +56,20 @@ def test_pass_rates_and_distinct_answers_per_problem():
 def test_a_tasks_own_metrics_see_every_completion_of_a_pass_at_once():
   seen = []
 
-  def metrics(batch):
-    seen.append(len(batch))
+  def metrics(batch, policy):
+    seen.append((len(batch), policy.params, policy.reference))
     return {"ended": batch.ended_with_eos.astype(float),  # per row: averaged
             "rows": float(len(batch))}                     # one figure for the whole pass
 
-  out = _evaluator(metrics=metrics)(params=None, key=jax.random.key(0))
-  assert seen == [3, 6]  # greedy: 3 problems; sampled: 3 x 2 rows, across two chunks of 4
+  out = _evaluator(metrics=metrics)(params="pi", key=jax.random.key(0), reference="ref")
+  # greedy: 3 problems; sampled: 3 x 2 rows, across two chunks of 4; each with the policy
+  assert seen == [(3, "pi", "ref"), (6, "pi", "ref")]
   assert out["eval/greedy_ended"] == 1.0 and out["eval/sampled_ended"] == pytest.approx(4 / 6)
   assert out["eval/greedy_rows"] == 3.0 and out["eval/sampled_rows"] == 6.0
+
+
+def test_with_one_pass_the_tasks_metrics_keep_their_own_names():
+  metrics = lambda batch, policy: {"ended": batch.ended_with_eos.astype(float)}
+  out = _evaluator(metrics=metrics, greedy=None)(params=None, key=jax.random.key(0))
+  assert out["eval/ended"] == pytest.approx(4 / 6) and "eval/sampled_ended" not in out
+  assert out["eval/sampled_pass@1"] == pytest.approx(2 / 3)  # the built-in names stay

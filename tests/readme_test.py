@@ -81,11 +81,12 @@ def test_override_example_takes_effect_in_the_variant_it_is_shown_with():
       "0.02 at every step (tb)"
 
 
-def test_memory_table_is_what_the_documented_command_prints():
-  out = subprocess.run([sys.executable, "-m", "benchmarks.memory"], cwd=ROOT, env=_env(),
+@pytest.mark.parametrize("args", [[], ["--tldr"]])
+def test_memory_table_is_what_the_documented_command_prints(args):
+  out = subprocess.run([sys.executable, "-m", "benchmarks.memory", *args], cwd=ROOT, env=_env(),
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
-  assert "python -m benchmarks.memory" in _readme()
+  assert " ".join(["python -m benchmarks.memory", *args]) in _readme()
   assert out.stdout.strip() in _readme()
 
 

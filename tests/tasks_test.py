@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from tba_jax.tasks import arithmetic, gsm8k
+from tba_jax.tasks import arithmetic, gsm8k, read_records
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
@@ -95,7 +95,7 @@ def test_default_hub_path_reads_the_parquet_file_with_the_declared_dependencies(
   with open(os.path.join(os.path.dirname(DATA), "..", "setup.py")) as f:
     install_requires = re.search(r"install_requires=\[(.*?)\]", f.read(), re.S).group(1)
   assert '"pyarrow"' in install_requires
-  rows = gsm8k._read_jsonl(DATA + "/gsm8k_test.jsonl")
+  rows = read_records(DATA + "/gsm8k_test.jsonl")
   parquet = tmp_path / "main" / "test-00000-of-00001.parquet"
   parquet.parent.mkdir()
   pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), str(parquet))

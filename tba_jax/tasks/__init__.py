@@ -1,6 +1,7 @@
 """Tasks: problems, prompt formats and rewards (pure Python)."""
 
 import dataclasses
+import json
 from typing import Any, Callable, Sequence
 
 
@@ -27,7 +28,31 @@ class Task:
   templated_prompts: bool = False
   # A completion's final answer (evaluation counts the distinct ones); None: not reported.
   answer: Callable[[str], Any] | None = None
-  # The task's own evaluation metrics: an object with build(mesh) -> fn(RewardBatch) ->
-  # {name: per-row values or one float} (evaluation.MetricsFn), called on every completion
-  # of an evaluation pass; None: only the reward-based metrics.
+  # The task's own evaluation metrics: an object with build(mesh) -> fn(RewardBatch,
+  # evaluation.Policy) -> {name: per-row values or one float} (evaluation.MetricsFn), called
+  # on every completion of an evaluation pass; None: only the reward-based metrics.
   evaluation: Any = None
+
+
+def read_records(path: str) -> list[dict]:
+  """The rows of a .jsonl file (one JSON object a line) or a .parquet file, as dicts."""
+  if path.endswith(".parquet"):
+    try:
+      import pyarrow.parquet as pq
+    except ImportError:
+      raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from None
+    return pq.read_table(path).to_pylist()
+  rows = []
+  with open(path) as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}, line {number}: not valid JSON ({e.msg} at column {e.colno})") \
+            from None
+      if not isinstance(row, dict):
+        raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
+      rows.append(row)
+  return rows

@@ -10,11 +10,10 @@ and "+7" is 7; a decimal with an exponent splits ("1.5e3" reads 1.5, then 3), an
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 
-from tba_jax.tasks import Problem
+from tba_jax.tasks import Problem, read_records
 
 PAPER_PROMPT = "[MATH TASK] Problem:\n{question}\n\nSolution:\n"
 HUB_ID = "openai/gsm8k"
@@ -54,31 +53,6 @@ def make_prompt(question: str, style: str, tokenizer=None) -> str:
   raise ValueError(f"unknown prompt style {style!r} (paper, chat)")
 
 
-def _read_jsonl(path: str) -> list[dict]:
-  rows = []
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}, line {number}: not valid JSON ({e.msg} at column {e.colno})") \
-            from None
-      if not isinstance(row, dict):
-        raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
-      rows.append(row)
-  return rows
-
-
-def _read_parquet(path: str) -> list[dict]:
-  try:
-    import pyarrow.parquet as pq
-  except ImportError:
-    raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from None
-  return pq.read_table(path).to_pylist()
-
-
 def _hub_file(split: str) -> str:
   try:
     import huggingface_hub
@@ -106,7 +80,7 @@ def load(split: str, path: str | None = None, limit: int | None = None) -> list[
     file = path
   else:
     raise FileNotFoundError(f"GSM8K path {path!r} does not exist")
-  rows = _read_parquet(file) if file.endswith(".parquet") else _read_jsonl(file)
+  rows = read_records(file)
   if limit is not None:
     rows = rows[:limit]
   problems = []
