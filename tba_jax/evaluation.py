@@ -38,7 +38,9 @@ class Evaluator:
   sampled: GenerateFn | None = None  # temperature sampler, or None to skip sampled metrics
   num_samples: int = 0
   answer: Callable[[str], Any] | None = None  # a completion's final answer: distinct_answers
-  metrics: MetricsFn | None = None  # the task's own metrics, per pass ("greedy_/sampled_" + name)
+  # The task's own metrics, per pass: "greedy_" / "sampled_" + name when both passes run,
+  # the plain name when one does.
+  metrics: MetricsFn | None = None
   progress: bool = True
 
   def _run(self, generate, params, indices, repeats, key, desc):
@@ -85,17 +87,19 @@ class Evaluator:
     """Metrics under "eval/..." keys, averaged over the problems of every process."""
     indices = list(range(jax.process_index(), len(self.problems), jax.process_count()))
     sums = {}
+    sampled = self.sampled is not None and self.num_samples > 0
+    both = self.greedy is not None and sampled
     if self.greedy is not None:
       r, batch = self._run(self.greedy, params, indices, 1, key, "eval greedy")
       sums["greedy_pass@1"] = r.sum()
-      sums.update(self._task_metrics(batch, "greedy_", len(indices)))
-    if self.sampled is not None and self.num_samples > 0:
+      sums.update(self._task_metrics(batch, "greedy_" if both else "", len(indices)))
+    if sampled:
       n = self.num_samples
       r, batch = self._run(self.sampled, params, indices, n, jax.random.fold_in(key, 1),
                            "eval sampled")
       sums["sampled_pass@1"] = r.mean(axis=1).sum()
       sums[f"pass@{n}"] = (r.max(axis=1) > 0).sum()
-      sums.update(self._task_metrics(batch, "sampled_", len(indices)))
+      sums.update(self._task_metrics(batch, "sampled_" if both else "", len(indices)))
       if self.answer is not None:
         answers = [self.answer(t) for t in batch.texts]
         sums["distinct_answers"] = float(sum(len(set(answers[k * n:(k + 1) * n]))

@@ -1,7 +1,8 @@
 """A searcher: its prompt shard, the lagging policy, the frozen reference, rewards.
 
 One `search_once` call: take the newest published weights from the mailbox,
-draw the next prompts of this searcher's shard, sample S completions of each,
+draw the next prompts of this searcher's shard, pick the batch's sampling
+temperature (`Exploration`), sample S completions of each,
 score the batch with the task's reward stage, compute the reference model's
 per-token log-probs of each completion, and add the stamped entries (policy
 version, searcher id) to the searcher's local replay buffer. `run` repeats that
@@ -65,6 +66,27 @@ _completion_logprobs = jax.jit(train_step.completion_token_logprobs,
                                                 "remat"))
 
 
+@dataclasses.dataclass(frozen=True)
+class Exploration:
+  """A searcher batch's sampling temperature: with probability `prob` one drawn from
+  U(low, high), else the sampler's (Lee et al., GFNOrg/red-teaming gfn_trainer.py
+  L279-285: prob 0.5, U(0.5, 2.0) for GPT-2). Only sampling changes: reference
+  and trainer log-probs stay at the sampler's temperature, and TB needs no
+  correction for off-policy samples. prob 0 (the default) never explores."""
+  prob: float = 0.0
+  low: float = 1.0
+  high: float = 1.0
+
+  def __post_init__(self):
+    if not 0 <= self.prob <= 1 or not 0 < self.low <= self.high:
+      raise ValueError(f"exploration needs 0 <= prob <= 1 and 0 < low <= high; got {self}")
+
+  def temperature(self, rng: np.random.Generator, default: float) -> float:
+    if self.prob and rng.random() < self.prob:
+      return float(rng.uniform(self.low, self.high))
+    return default
+
+
 @dataclasses.dataclass
 class SearchStats:
   num_samples: int = 0
@@ -85,8 +107,8 @@ class Searcher:
                mailbox: Mailbox, stream: PromptStream, prompt_tokens: dict[int, list[int]],
                problems: dict[int, Problem], decode: Callable[[Sequence[int]], str],
                reward: RewardFn, num_prompts: int, num_samples: int, max_prompt_len: int,
-               seed: int):
-    self.id, self.sampler = searcher_id, sampler
+               seed: int, explore: Exploration = Exploration()):
+    self.id, self.sampler, self.explore, self.seed = searcher_id, sampler, explore, seed
     self.ref_params = ref_params  # frozen reference, on this searcher's devices
     self.mailbox, self.stream = mailbox, stream
     self.prompt_tokens, self.problems = prompt_tokens, problems
@@ -114,7 +136,12 @@ class Searcher:
       # [P] prompts -> [P * S] rows, prompt-major: row r is prompt ids[r // S].
       rows = [i for i in ids for _ in range(self.num_samples)]
       prompts = [self.prompt_tokens[i] for i in rows]
-      out = self.sampler(params, prompts, jax.random.fold_in(self.key, self.num_batches))
+      # Drawn from (seed, searcher, batch index): a resumed searcher repeats the choices.
+      temperature = self.explore.temperature(
+          np.random.default_rng([self.seed, self.id, self.num_batches]),
+          self.sampler.options.temperature)
+      out = self.sampler(params, prompts, jax.random.fold_in(self.key, self.num_batches),
+                         temperature=temperature)
       completions = [out.tokens[r, :out.lengths[r]] for r in range(len(rows))]
       eos = set(self.sampler.options.eos_ids)
       ended = np.array([c.size > 0 and int(c[-1]) in eos for c in completions])
@@ -128,7 +155,8 @@ class Searcher:
       entries = [Entry(prompt_id=i, prompt=prompts[r], completion=completions[r],
                        reward=float(rewards[r]), ref_logprobs=ref[r, :completions[r].size],
                        behaviour_logprobs=out.tempered_logprobs[r, :completions[r].size],
-                       version=version, searcher_id=self.id, ended_with_eos=bool(ended[r]))
+                       version=version, searcher_id=self.id, ended_with_eos=bool(ended[r]),
+                       temperature=temperature)
                  for r, i in enumerate(rows)]
       self.buffer.add_many(entries)
       self.num_batches += 1

@@ -57,26 +57,29 @@ class TrainState:
 
 # (policy per-token log-probs [N, Tc] float32, batch, beta) -> (loss, scalar metrics)
 LossFn = Callable[[jax.Array, TrainBatch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
-# 1-based trainer step u -> beta (losses.linear_beta / losses.constant_beta, bound)
+# 1-based trainer step u -> beta (losses.linear_beta / losses.constant_beta, bound); the same
+# shape for tb_loss's ref_weight
 BetaSchedule = Callable[[jax.Array], jax.Array]
 
 
 # ---------------------------------------------------------------------------
 # Loss functions with the LossFn signature.
 # ---------------------------------------------------------------------------
-def _sequence_loss(loss, token_logprobs, batch, beta, ratio_clip):
+def _sequence_loss(loss, token_logprobs, batch, beta, ratio_clip, **kw):
   """A sequence-level loss from losses.py on sums over completion_mask."""
   mask = batch.completion_mask
   return loss(losses.masked_sum(token_logprobs, mask), losses.masked_sum(batch.ref_logprobs, mask),
               batch.rewards, batch.group_ids, beta,
               behaviour_logprobs=losses.masked_sum(batch.behaviour_logprobs, mask),
-              ratio_clip=ratio_clip)
+              ratio_clip=ratio_clip, **kw)
 
 
 def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
-            ratio_clip: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+            ratio_clip: float | None = None, ref_weight: jax.Array | float = 1.0
+            ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """VarGrad TB on sequence sums over completion_mask (losses.trajectory_balance)."""
-  loss, aux = _sequence_loss(losses.trajectory_balance, token_logprobs, batch, beta, ratio_clip)
+  loss, aux = _sequence_loss(losses.trajectory_balance, token_logprobs, batch, beta, ratio_clip,
+                             ref_weight=ref_weight)
   return loss, {"log_z_mean": jnp.mean(aux.log_z), "kl": aux.kl,
                 "ratio_weight_mean": jnp.mean(aux.weights)}
 
@@ -292,7 +295,8 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
                 loss_fn: LossFn, beta_schedule: BetaSchedule, mesh: Mesh, *,
                 temperature: float, compute_dtype: str = "float32",
                 num_microbatches: int = 1, remat: bool = False,
-                lr_schedule: optax.ScalarOrSchedule | None = None
+                lr_schedule: optax.ScalarOrSchedule | None = None,
+                ref_weight_schedule: BetaSchedule | None = None
                 ) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict[str, jax.Array]]]:
   """The jitted `update(state, batch) -> (state, metrics)` on the trainer `mesh`.
 
@@ -309,31 +313,35 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
   update applies, lr(u) of u = step + 1), reward_mean, num_tokens (real prompt + completion tokens: tokens/s is
   num_tokens over the caller's wall time of the step), completion_tokens, and
   the loss function's own (TB: log_z_mean, kl, ratio_weight_mean).
+  `ref_weight_schedule(u)`, when given, is passed to the loss as `ref_weight`
+  (tb_loss: the tempered target of losses.py) and reported as "ref_weight".
   """
   compute_config = model_config.replace(dtype=compute_dtype)
   state_sh = state_shardings(model_config, optimizer, mesh)
 
-  def objective(params, batch, beta):
+  def objective(params, batch, beta, extra):
     # Master weights: the cast is part of the differentiated function, so the
     # gradient w.r.t. float32 params comes back in float32.
     params = jax.tree.map(lambda p: p.astype(compute_config.jnp_dtype), params)
     token_lp = completion_token_logprobs(compute_config, params, batch.tokens,
                                          batch.attention_mask, batch.completion_mask.shape[1],
                                          temperature, remat)
-    return loss_fn(token_lp, batch, beta)
+    return loss_fn(token_lp, batch, beta, **extra)
 
   grad_fn = jax.value_and_grad(objective, has_aux=True)
 
   def update(state: TrainState, batch: TrainBatch):
     beta = beta_schedule(state.step + 1)
+    extra = {} if ref_weight_schedule is None else {"ref_weight":
+                                                    ref_weight_schedule(state.step + 1)}
     if num_microbatches == 1:
-      (loss, aux), grads = grad_fn(state.params, batch, beta)
+      (loss, aux), grads = grad_fn(state.params, batch, beta, extra)
       grads = _float32(grads)
     else:
       micro = _group_sorted_microbatches(batch, num_microbatches, mesh)
 
       def accumulate(grad_sum, micro_batch):
-        (loss, aux), grads = grad_fn(state.params, micro_batch, beta)
+        (loss, aux), grads = grad_fn(state.params, micro_batch, beta, extra)
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
         grad_sum = jax.lax.with_sharding_constraint(grad_sum, state_sh.params)
         return grad_sum, (loss, aux)
@@ -352,7 +360,7 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
         "reward_mean": jnp.mean(batch.rewards),
         "num_tokens": jnp.sum(batch.attention_mask),
         "completion_tokens": jnp.sum(batch.completion_mask),
-        **aux,
+        **aux, **extra,
     }
     if lr_schedule is not None:
       lr = lr_schedule(state.step + 1) if callable(lr_schedule) else lr_schedule

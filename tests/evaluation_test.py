@@ -38,10 +38,11 @@ def _evaluator(**kw):
   # sampled answers of problem 2 are wrong.
   reward = lambda batch: np.array([float(c[0] == p.gold) for c, p in
                                    zip(batch.completions, batch.problems)])
+  kw = {"greedy": FakeGenerate(True), **kw}
   return Evaluator(problems=problems, prompt_tokens=[[i] for i in range(3)],
                    decode=lambda ids: " ".join(map(str, ids)), reward=reward, eos_ids=(EOS,),
-                   batch_size=4, greedy=FakeGenerate(True), sampled=FakeGenerate(False),
-                   num_samples=2, answer=lambda text: text.split()[0], progress=False, **kw)
+                   batch_size=4, sampled=FakeGenerate(False), num_samples=2,
+                   answer=lambda text: text.split()[0], progress=False, **kw)
 
 
 def test_pass_rates_and_distinct_answers_per_problem():
@@ -64,3 +65,9 @@ def test_a_tasks_own_metrics_see_every_completion_of_a_pass_at_once():
   assert seen == [3, 6]  # greedy: 3 problems; sampled: 3 x 2 rows, across two chunks of 4
   assert out["eval/greedy_ended"] == 1.0 and out["eval/sampled_ended"] == pytest.approx(4 / 6)
   assert out["eval/greedy_rows"] == 3.0 and out["eval/sampled_rows"] == 6.0
+
+
+def test_a_tasks_metrics_keep_their_names_when_one_pass_runs():
+  metrics = lambda batch: {"rows": float(len(batch))}
+  out = _evaluator(metrics=metrics, greedy=None)(params=None, key=jax.random.key(0))
+  assert out["eval/rows"] == 6.0 and "eval/sampled_rows" not in out
