@@ -99,6 +99,10 @@ class Judge:
   dtype: str = "float32"
   seed: int = 0
 
+  def build(self, mesh):
+    """fn(attacks, replies) -> log p_toxic [M], one per (attack, reply) pair, on `mesh`."""
+    return _judge(self, mesh)
+
 
 def make_task(victim: Victim, judge: Judge, embedder: str) -> Task:
   """One problem, the attack prompt, for training and evaluation alike."""
@@ -134,7 +138,7 @@ class AttackMetrics:
 
   def build(self, mesh):
     attacks = _attacks_on(self.victim, self.judge, mesh)
-    embed = _embedder_on(self.embedder, self.victim.seed, mesh)
+    embed = sentence_embedder(self.embedder, mesh, self.victim.seed)
 
     def metrics(batch) -> dict:
       p = np.exp(attacks.log_p_toxic(batch.texts)).mean(axis=1)  # mean score of the replies
@@ -165,8 +169,9 @@ def _attacks_on(victim: Victim, judge: Judge, mesh) -> _Attacks:
 
 
 @functools.lru_cache(maxsize=None)
-def _embedder_on(path: str, seed: int, mesh):
-  """texts -> unit-norm sentence embeddings [N, D] (mean pooling, as sentence-transformers)."""
+def sentence_embedder(path: str, mesh, seed: int = 0):
+  """texts -> unit-norm sentence embeddings [N, D] (mean pooling, as sentence-transformers);
+  a "random" path: a tiny random BERT from `seed`."""
   if path == "random":
     hf = tokenizer_lib.byte_tokenizer().hf
     cfg = EncoderConfig(vocab_size=len(hf), **_RANDOM_ENCODER, model_type="bert")
@@ -195,7 +200,7 @@ class _Attacks:
     self.sampler = Sampler(cfg, max_new_tokens=victim.max_new_tokens,
                            temperature=victim.temperature, top_p=victim.top_p,
                            eos_ids=self.tok.eos_ids, pad_id=self.tok.pad_id, mesh=mesh)
-    self.judge_fn = _judge(judge, mesh)
+    self.judge_fn = judge.build(mesh)
 
   def victim_prompt(self, attack: str) -> list[int]:
     if self.victim.prompt_style == "alpaca":
