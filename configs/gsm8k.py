@@ -176,6 +176,8 @@ def _base() -> ml_collections.ConfigDict:
       # plain target).
       ref_temp_start=1.0, ref_temp_end=1.0, ref_temp_steps=1,           # gamma
       target_temp_start=1.0, target_temp_end=1.0, target_temp_steps=1,  # tau
+      log_z="vargrad",           # "vargrad" (TBA: each prompt's batch estimate) or "learned"
+      log_z_learning_rate=0.1,   # "learned": a log Z per prompt, trained by Adam at this lr
   )
   c.optim = dict(
       learning_rate=1e-5,

@@ -46,8 +46,12 @@ Settings (gpt2; llama differs where noted):
   exploration      per searcher batch, p 0.5: T ~ U(0.5, 2.0) (llama U(0.7, 2.0)), else 1
                    (L L279-285); log-probs at T 1
   log Z            VarGrad (TBA's estimator, Eq. 5): one group, the batch's 128 attacks.
-                   UNSURE: Lee et al. learn log Z with a linear head on the prompt's
-                   hidden states (L L167, L317-350); not offered here yet
+                   UNSURE: Lee et al. learn log Z, a linear head on the prompt's mean-
+                   pooled hidden states trained with the LoRA weights (L L167, L317-350).
+                   loss.log_z="learned" learns it instead: with one fixed prompt the head
+                   outputs one number, learned here directly by Adam at
+                   loss.log_z_learning_rate (0.1, as Malkin et al.'s TB; the head's path
+                   through the policy's hidden states is not reproduced)
   optimizer        AdamW lr 1e-4, weight decay 0.01 (torch's default), warmup 100, linear
                    decay to 0 at step 40,000 (Lee's scheduler is built for 5000 x 8
                    micro-steps and stepped once per step: lr 0.88e-4 at the end), clip 1.0

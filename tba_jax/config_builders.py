@@ -8,6 +8,7 @@ import importlib.util
 import os
 
 import jax
+import optax
 
 from tba_jax import hf_checkpoints, losses, rewards, sharding, train_step, weight_sync
 from tba_jax import tokenizer as tokenizer_lib
@@ -259,6 +260,14 @@ def beta_schedule(loss_cfg):
     return beta
   tau = _target_temperature(loss_cfg)
   return lambda u: beta(u) * tau(u)
+
+
+def learned_log_z(loss_cfg, task: Task) -> train_step.LearnedLogZ | None:
+  """loss.log_z="learned": a log Z per training prompt id, trained by Adam; None: VarGrad."""
+  if loss_cfg.log_z == "vargrad":
+    return None
+  return train_step.LearnedLogZ(optax.adam(loss_cfg.log_z_learning_rate),
+                                num_prompts=max(p.id for p in task.train) + 1)
 
 
 def ref_weight_schedule(loss_cfg):

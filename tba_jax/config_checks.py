@@ -21,6 +21,7 @@ CHOICES = {
     "buffer.eviction": ("oldest", "lowest_reward"),  # replay_buffer.EVICTION_POLICIES
     "task.name": ("gsm8k", "arithmetic", "redteam"),
     "buffer.priority": ("reward", "log_target"),  # replay_buffer.PRIORITIES
+    "loss.log_z": ("vargrad", "learned"),
     "model.dtype": ("float32", "bfloat16"),
     "sync.weights_dtype": ("", "float32", "bfloat16"),
     "model.add_bos": ("auto", "on", "off"),
@@ -52,7 +53,7 @@ INTERVALS = {
 # Open below: must be > 0.
 POSITIVE = ("sampler.temperature", "sampler.top_p", "buffer.reward_tau", "sampler.explore_low",
             "sampler.explore_high", "loss.ref_temp_start", "loss.ref_temp_end",
-            "loss.target_temp_start", "loss.target_temp_end")
+            "loss.target_temp_start", "loss.target_temp_end", "loss.log_z_learning_rate")
 PROMPT_STYLES = ("paper", "chat")
 
 
@@ -123,12 +124,14 @@ def _problems(config) -> Iterable[str]:
     if not has_question:
       yield (f"task.prompt_style={style!r}: must be 'paper', 'chat' or a format string whose "
              "only field is {question}")
-  if get("sampler.explore_low") > get("sampler.explore_high"):
+  if 0 < get("sampler.explore_high") < get("sampler.explore_low"):
     yield (f"sampler.explore_low={get('sampler.explore_low')!r}: must be <= "
            f"sampler.explore_high={get('sampler.explore_high')!r}")
   if get("sampler.end_with_eos") and get("sampler.min_new_tokens") >= get("sampler.max_new_tokens"):
     yield (f"sampler.min_new_tokens={get('sampler.min_new_tokens')!r}: must be < "
            f"sampler.max_new_tokens={get('sampler.max_new_tokens')!r} with end_with_eos")
+  if get("loss.log_z") == "learned" and get("loss.name") != "tb":
+    yield f"loss.log_z='learned': only with loss.name='tb' (not {get('loss.name')!r})"
   if get("task.name") == "redteam":
     yield from _redteam_problems(config)
   if get("model.path") == "random" and not get("model.tokenizer"):

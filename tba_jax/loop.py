@@ -108,8 +108,10 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   lr_at = lambda done: float(lr(done))  # the lr of update `done` (1-based, as the authors)
   optimizer = train_step.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None, o.b1, o.b2,
                                         moments_dtype=o.moments_dtype)
-  state = train_step.init_state(params, optimizer,
-                                train_step.state_shardings(model_cfg, optimizer, trainer_mesh))
+  log_z = build.learned_log_z(c.loss, task)
+  state = train_step.init_state(
+      params, optimizer, train_step.state_shardings(model_cfg, optimizer, trainer_mesh, log_z),
+      log_z)
   del params
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   beta = build.beta_schedule(c.loss)
@@ -117,7 +119,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       model_cfg, optimizer, build.loss_fn(c.loss), beta, trainer_mesh,
       temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
       num_microbatches=o.num_microbatches, remat=c.model.remat, lr_schedule=lr,
-      ref_weight_schedule=build.ref_weight_schedule(c.loss))
+      ref_weight_schedule=build.ref_weight_schedule(c.loss), learned_log_z=log_z)
   batch_sharding = train_step.batch_shardings(trainer_mesh)
   global_buffer = ReplayBuffer(c.buffer.max_per_prompt, c.buffer.max_entries or None,
                                c.buffer.eviction, seed=c.seed, dedup=c.buffer.dedup,

@@ -121,7 +121,7 @@ def group_mean(values: Array, group_ids: Array) -> Array:
 # Trajectory balance.
 # ---------------------------------------------------------------------------
 class TBAux(NamedTuple):
-  log_z: Array      # [N] VarGrad log Z of each sequence's prompt (detached)
+  log_z: Array      # [N] log Z of each sequence's prompt (VarGrad's, detached; or the learned)
   residuals: Array  # [N] log Z + d
   kl: Array         # scalar: mean of log pi_theta - log pi_ref (KL(pi||ref) estimate)
   weights: Array    # [N] importance weights (ones without ratio_clip)
@@ -131,10 +131,13 @@ def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Arr
                        group_ids: Array, beta: Array | float,
                        behaviour_logprobs: Array | None = None,
                        ratio_clip: float | None = None,
-                       ref_weight: Array | float = 1.0) -> tuple[Array, TBAux]:
+                       ref_weight: Array | float = 1.0,
+                       log_z: Array | None = None) -> tuple[Array, TBAux]:
   """VarGrad TB loss (module docstring); all inputs are per-sequence [N].
 
   `ref_weight` scales the reference term: d = log pi - ref_weight log pi_ref - r / beta.
+  `log_z` [N], when given, is a learned log Z of each row's prompt (differentiated:
+  TB as in Malkin et al. 2022) in place of the VarGrad estimate.
 
   ratio_clip (TBA-prime, default None = off) weights each squared residual by
   stopgrad(min(exp(policy - behaviour), ratio_clip)); needs behaviour_logprobs,
@@ -143,13 +146,14 @@ def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Arr
   """
   policy_logprobs = policy_logprobs.astype(jnp.float32)
   d = policy_logprobs - ref_weight * ref_logprobs - rewards / beta
-  log_z = jax.lax.stop_gradient(-group_mean(d, group_ids))
+  if log_z is None:
+    log_z = jax.lax.stop_gradient(-group_mean(d, group_ids))
   residuals = log_z + d
   weights = _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip)
   loss = jnp.mean(weights * residuals ** 2)
   kl = jnp.mean(jax.lax.stop_gradient(policy_logprobs - ref_logprobs))
-  return loss, TBAux(log_z=log_z, residuals=jax.lax.stop_gradient(residuals), kl=kl,
-                     weights=weights)
+  return loss, TBAux(log_z=jax.lax.stop_gradient(log_z),
+                     residuals=jax.lax.stop_gradient(residuals), kl=kl, weights=weights)
 
 
 def _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip):
