@@ -3,8 +3,10 @@ r"""Memory per device of each configs/gsm8k.py (or configs/tldr.py) variant, com
 
   python -m benchmarks.memory [VARIANT[,key=value,...] ...]   # default: every variant
   python -m benchmarks.memory --tldr [VARIANT ...]             # configs/tldr.py's
+  python -m benchmarks.memory redteam:gpt2 redteam:llama       # configs/redteam.py's
 
-A variant argument takes the config's form (`qwen,optim.num_microbatches=7`).
+A variant argument takes configs/gsm8k.py's form (`qwen,optim.num_microbatches=7`), or
+with `redteam:` configs/redteam.py's (with --tldr, configs/tldr.py's).
 
 From the parameter shapes (jax.eval_shape of the model and of the optimizer's
 init: nothing is allocated) and each variant's batch sizes, the bytes each
@@ -26,9 +28,12 @@ device shared with the trainer the base is the trainer's own (counted once).
 
 With one device (qwen, qwen_lora) both live on it. TL;DR adds the reward models: each
 searcher holds the training reward model (reward dtype), and the gold reward model (6.9B)
-is sharded over all of the process's devices, a share on every device. The
-architectures are the models' Hugging Face config.json values (written below, so this
-runs offline). Compile time is not estimated here.
+is sharded over all of the process's devices, a share on every device. A red-teaming
+searcher also holds the victim and the judge (and, on the evaluation's devices, the
+sentence encoder) in their dtypes, and the victim's KV cache for its largest call (256
+replies of the longest victim prompt + victim_max_new_tokens). The architectures are the
+models' Hugging Face config.json values (written below, so this runs offline). Compile
+time is not estimated here.
 """
 from __future__ import annotations
 
@@ -50,7 +55,32 @@ ARCHITECTURES = {
     "Qwen/Qwen2.5-1.5B-Instruct": dict(vocab_size=151936, dim=1536, mlp_dim=8960, num_layers=28,
                                        num_heads=12, num_kv_heads=2, head_dim=128,
                                        tie_embeddings=True, qkv_bias=True, model_type="qwen2"),
+    # Red-teaming: GPT-2 small (the attacker after SFT, vicgalle/gpt2-alpaca) ...
+    "sft/gpt2": dict(vocab_size=50257, dim=768, mlp_dim=3072, num_layers=12, num_heads=12,
+                     num_kv_heads=12, head_dim=64, tie_embeddings=True, norm="layer",
+                     max_position_embeddings=1024,
+                     position_embedding="learned", activation="gelu_tanh", gated_mlp=False,
+                     qkv_bias=True, bias=True, model_type="gpt2"),
+    # ... meta-llama/Llama-3.2-1B (the attacker after SFT) ...
+    "sft/llama-3.2-1b": dict(vocab_size=128256, dim=2048, mlp_dim=8192, num_layers=16,
+                             num_heads=32, num_kv_heads=8, head_dim=64, tie_embeddings=True),
+    # ... and Llama-3.1-8B (meta-llama/Llama-3.1-8B-Instruct, Llama-Guard-3-8B).
+    "meta-llama/Llama-3.1-8B-Instruct": dict(vocab_size=128256, dim=4096, mlp_dim=14336,
+                                             num_layers=32, num_heads=32, num_kv_heads=8,
+                                             head_dim=128),
 }
+ARCHITECTURES["vicgalle/gpt2-alpaca"] = ARCHITECTURES["sft/gpt2"]
+ARCHITECTURES["meta-llama/Llama-Guard-3-8B"] = ARCHITECTURES["meta-llama/Llama-3.1-8B-Instruct"]
+ENCODERS = {
+    "facebook/roberta-hate-speech-dynabench-r4-target": dict(
+        vocab_size=50265, dim=768, mlp_dim=3072, num_layers=12, num_heads=12,
+        max_position_embeddings=514, type_vocab_size=1, num_labels=2, model_type="roberta"),
+    "sentence-transformers/all-MiniLM-L6-v2": dict(vocab_size=30522, dim=384, mlp_dim=1536,
+                                                   num_layers=6, num_heads=12),
+}
+# Longest victim prompt (a bucket): the Alpaca format or Llama 3.1's chat template with its
+# default system header, around an attack of 21 tokens.
+VICTIM_PROMPT_LEN = {"alpaca": 64, "chat": 96}
 
 
 def _neox(dim, layers, heads, mlp, vocab=50304):
@@ -79,12 +109,18 @@ def _bytes(tree) -> int:
 
 def estimate(arg: str) -> dict:
   """Per-device bytes of `arg` ("VARIANT[,key=value,...]") in the variant's layout."""
-  from configs import gsm8k
+  from configs import gsm8k, redteam
   from tba_jax.model import ModelConfig
 
-  c = gsm8k.get_config(arg)
+  red = arg.startswith("redteam:")
+  c = redteam.get_config(arg[len("redteam:"):]) if red else gsm8k.get_config(arg)
   master = "float32" if c.optim.master_weights_fp32 else c.model.dtype
-  return _layout(arg, c, ModelConfig(**ARCHITECTURES[c.model.path], dtype=master))
+  e = _layout(arg, c, ModelConfig(**ARCHITECTURES[c.model.path], dtype=master))
+  if red:  # the victim and the judge are weights too, the victim's replies a KV cache
+    other, victim_kv = _redteam_models(c.task.redteam)
+    e.update(searcher_weights=e["searcher_weights"] + other / c.mesh.searcher_tensor,
+             searcher_kv=e["searcher_kv"] + victim_kv)
+  return e
 
 
 def _layout(arg: str, c, cfg) -> dict:
@@ -121,6 +157,24 @@ def _layout(arg: str, c, cfg) -> dict:
           "trainer_state": state, "trainer_logits": logits,
           "searcher_weights": weights / c.mesh.searcher_tensor, "searcher_kv": kv,
           "shared": shared}
+
+
+def _redteam_models(r) -> tuple[int, int]:
+  """(bytes of the victim + judge + embedder weights, bytes of the victim's KV cache)."""
+  import jax.numpy as jnp
+
+  from tba_jax import model
+  from tba_jax.model import EncoderConfig, ModelConfig
+  victim = ModelConfig(**ARCHITECTURES[r.victim], dtype=r.victim_dtype)
+  judge = (EncoderConfig(**ENCODERS[r.judge_path], dtype=r.judge_dtype) if r.judge == "classifier"
+           else ModelConfig(**ARCHITECTURES[r.judge_path], dtype=r.judge_dtype))
+  embedder = EncoderConfig(**ENCODERS[r.embedder])
+  weights = sum(_bytes(model.param_shapes(m)) for m in (victim, judge, embedder))
+  per_token = 2 * victim.num_layers * victim.num_kv_heads * victim.head_dim * \
+      jnp.dtype(r.victim_dtype).itemsize
+  rows = 256 // r.num_replies * r.num_replies  # tasks/redteam.py's largest call
+  kv = rows * (VICTIM_PROMPT_LEN[r.victim_prompt] + r.victim_max_new_tokens) * per_token
+  return weights, kv
 
 
 def estimate_tldr(arg: str) -> dict:

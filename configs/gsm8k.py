@@ -170,6 +170,11 @@ def _base() -> ml_collections.ConfigDict:
       max_new_tokens=512,
       num_samples_per_prompt=24,  # S completions per prompt
       num_prompts_per_batch=4,    # prompts per searcher batch (rows = this x S)
+      min_new_tokens=0,           # EOS is masked until this many tokens were sampled
+      end_with_eos=False,         # the last of max_new_tokens is always an EOS (red-teaming)
+      explore_prob=0.0,           # per searcher batch: with this probability sample at a
+      explore_low=1.0,            # temperature ~ U(explore_low, explore_high), else at
+      explore_high=1.0,           # `temperature` (log-probs stay at `temperature`)
   )
   c.loss = dict(
       name="tb",             # "tb" (VarGrad trajectory balance), "rloo", "grpo"
@@ -182,6 +187,13 @@ def _base() -> ml_collections.ConfigDict:
                              # paper's Proximal RLOO) and GRPO: PPO's clip eps (0 = 0.2)
       kl_coef=0.04,          # GRPO / RLOO only
       ref_reset_every=0,     # > 0: the reference becomes the current policy every N steps
+      # TB's target at step u: [log pi_ref / gamma(u) + r / beta(u)] / tau(u), gamma and tau
+      # ramping linearly from *_start to *_end over *_steps steps (red-teaming; all 1: the
+      # plain target).
+      ref_temp_start=1.0, ref_temp_end=1.0, ref_temp_steps=1,           # gamma
+      target_temp_start=1.0, target_temp_end=1.0, target_temp_steps=1,  # tau
+      log_z="vargrad",           # "vargrad" (TBA: each prompt's batch estimate) or "learned"
+      log_z_learning_rate=0.1,   # "learned": a log Z per prompt, trained by Adam at this lr
   )
   c.optim = dict(
       learning_rate=1e-5,
@@ -189,6 +201,7 @@ def _base() -> ml_collections.ConfigDict:
       warmup_steps=50,       # phase lengths, as the authors' transformers WSD schedule:
       stable_steps=350,      # 50 warmup, 350 constant, then cosine over 600 steps (cut
       decay_steps=600,       # off at step 700, as in the paper's run)
+      linear_decay_steps=0,  # "linear": the lr reaches 0 at this step (0: num_train_steps)
       weight_decay=0.0,
       b1=0.9,
       b2=0.999,
@@ -210,8 +223,13 @@ def _base() -> ml_collections.ConfigDict:
                                  # kept apart; with max_per_prompt = K = S nothing is reused)
       max_entries=0,             # 0 = no global cap
       eviction="oldest",         # global cap policy: "oldest" or "lowest_reward"
-      reward_weight=0.0,         # off-latest slots: weight of softmax(reward/tau) vs uniform
+      reward_weight=0.0,         # off-latest slots: weight of softmax(priority/tau) vs uniform
       reward_tau=1.0,
+      priority="reward",         # what that softmax ranks: "reward", or "log_target" = log
+                                 # pi_ref + reward / loss.beta_end (the TB target's log-density)
+      near_duplicate=0.0,        # > 0: of two completions of a prompt within this edit-distance
+                                 # tolerance x (their lengths), keep the higher priority
+      freeze_step=0,             # > 0: from this step on, cap the buffer at its size then
       prefill=500,               # completions in the buffer before the first step
   )
   c.searcher = dict(
@@ -233,6 +251,7 @@ def _base() -> ml_collections.ConfigDict:
       num_samples=0,         # > 0: sampled pass@k over this many samples per problem
       temperature=0.0,       # of the sampled evaluation; 0 = sampler.temperature
       max_new_tokens=512,
+      min_new_tokens=0,      # EOS masked until this many tokens were sampled
       batch_size=64,
   )
   c.checkpoint = dict(every=100, max_to_keep=3)

@@ -96,120 +96,73 @@ import os
 
 import ml_collections
 
+from configs import gsm8k
 from tba_jax import config_checks
 
 VARIANTS = ("pythia410m", "pythia1b", "pythia2p8b", "pythia410m_table1", "tiny")
 TINY_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tldr_tiny")
 
 
-def _base() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
+def _common(c):
+  """configs/gsm8k.py's base (every key the runtime reads) set to the authors' TL;DR run."""
   c.num_train_steps = 256  # 40,960 episodes / (8 prompts x 20)
-  c.max_train_seconds = 0.0  # > 0: also stop training after this much wall-clock
-
-  c.model = dict(
+  c.model.update(
       path="mnoukhov/pythia410m-sft-tldr",  # the SFT policy (and the reference)
       tokenizer="",       # "" = from model.path (the SFT tokenizer sets <|padding|> as pad)
       add_bos="off",      # the query is tokenized with no special tokens
       dtype="float32",    # policy, reference and searcher copies (paper B.2)
-      random=dict(        # the architecture when path == "random" (GPT-NeoX, random init)
-          vocab_size=258, dim=64, mlp_dim=256, num_layers=2, num_heads=4, num_kv_heads=4,
-          head_dim=16, norm="layer", parallel_residual=True, rotary_fraction=0.25,
-          activation="gelu", gated_mlp=False, qkv_bias=True, bias=True,
-          model_type="gpt_neox"),
-      remat=False,        # activation checkpointing in the training forward
-      lora=dict(rank=0, alpha=32.0, targets="all"),  # as configs/gsm8k.py (0 = full FT)
-  )
-  c.task = dict(
+      # The architecture when path == "random" (GPT-NeoX, random init).
+      random=dict(vocab_size=258, dim=64, mlp_dim=256, num_layers=2, num_heads=4,
+                  num_kv_heads=4, head_dim=16, norm="layer", parallel_residual=True,
+                  rotary_fraction=0.25, activation="gelu", gated_mlp=False, qkv_bias=True,
+                  bias=True, model_type="gpt_neox"))
+  c.task.update(
       name="tldr",
       data_path="",       # "" = the hub dataset; or a directory with train/validation .jsonl
       max_prompt_len=512,  # longer queries are dropped (the authors' filter)
-      num_train_problems=0,  # 0 = all
-      reward_model="mnoukhov/pythia410m-rm-tldr6.9b",  # the training reward (or "random")
-      gold_reward_model="cleanrl/EleutherAI_pythia-6.9b-deduped__reward__tldr",  # win rate
-      reward_dtype="float32",  # of both reward models
-  )
-  c.mesh = dict(
-      num_cpu_devices=0,      # > 0 and no accelerator: split the host CPU into this many devices
-      num_devices=0,          # of this host's devices to use (0 = all)
-      num_trainer_devices=1,  # of this host's devices; the rest are searchers (1 device: shared)
-      num_searchers=3,        # searcher threads per host, each with its own slice of devices
-      trainer_tensor=1,       # tensor-parallel degree of the trainer mesh (rest is FSDP)
-      searcher_tensor=1,      # tensor-parallel degree of each searcher mesh
-  )
-  c.sampler = dict(
+      num_train_problems=0)  # 0 = all
+  c.task.reward_model = "mnoukhov/pythia410m-rm-tldr6.9b"  # the training reward (or "random")
+  c.task.gold_reward_model = "cleanrl/EleutherAI_pythia-6.9b-deduped__reward__tldr"  # win rate
+  c.task.reward_dtype = "float32"  # of both reward models
+  c.mesh.update(num_trainer_devices=1, num_searchers=3)
+  c.sampler.update(
       temperature=0.7,          # sampling and training temperature (the tempered policy)
-      top_p=1.0,
-      top_k=0,
-      max_new_tokens=128,
+      top_p=1.0, top_k=0, max_new_tokens=128,
       num_samples_per_prompt=20,  # S completions per prompt
-      num_prompts_per_batch=2,    # prompts per searcher batch (rows = this x S)
-  )
-  c.loss = dict(
-      name="tb",             # "tb" (VarGrad trajectory balance), "rloo", "grpo"
+      num_prompts_per_batch=2)    # prompts per searcher batch (rows = this x S)
+  c.loss.update(
+      name="tb",
       beta_start=1.0,        # beta anneals linearly from beta_start to beta_end ...
       beta_end=0.05,
       beta_anneal_steps=128,  # ... as if over this many steps ((u-1)/D) ...
       beta_switch_step=32,   # ... and from this step on beta = beta_end (an abrupt switch)
       include_eos=True,      # the EOS token's log-prob counts in log pi
-      ratio_clip=0.0,        # TB: > 0 = TBA-prime's importance-weight cap c; RLOO / GRPO: eps
-      kl_coef=0.04,          # GRPO / RLOO only
-      ref_reset_every=0,     # > 0: the reference becomes the current policy every N steps
-  )
-  c.optim = dict(
-      learning_rate=3e-6,
-      schedule="linear",     # "wsd", "linear", "cosine", "constant"
-      warmup_steps=0,
-      stable_steps=0,        # (wsd only)
-      decay_steps=0,         # (wsd / cosine only; 0 = num_train_steps for cosine)
-      weight_decay=0.0,
-      b1=0.9,
-      b2=0.999,
-      grad_clip_norm=0.0,    # 0 = no clipping
-      master_weights_fp32=True,  # keep float32 master weights when model.dtype is bfloat16
+      ratio_clip=0.0, kl_coef=0.04, ref_reset_every=0)
+  c.optim.update(
+      learning_rate=3e-6, schedule="linear", warmup_steps=0, stable_steps=0, decay_steps=0,
+      weight_decay=0.0, b1=0.9, b2=0.999, grad_clip_norm=0.0, master_weights_fp32=True,
       moments_dtype="float32",
-      num_microbatches=8,    # gradient accumulation; each micro-batch holds one prompt's K
-  )
-  c.buffer = dict(
+      num_microbatches=8)    # gradient accumulation; each micro-batch holds one prompt's K
+  c.buffer.update(
       num_prompts=8,             # B prompts per training batch
       samples_per_prompt=20,     # K completions per prompt in a batch
-      m=0.5,                     # probability a slot takes a prompt from the latest sync
-      reuse_latest=True,         # latest prompts used up in a sync window: take them again
+      m=0.5, reuse_latest=True,
       max_per_prompt=100,        # newest entries kept per prompt
-      dedup=True,                # an identical completion replaces the older one
-      max_entries=0,             # 0 = no global cap
-      eviction="oldest",
+      dedup=True, max_entries=0, eviction="oldest",
       reward_weight=1.0,         # off-latest slots: K entries by softmax(reward / tau)
       reward_tau=1.0,
-      prefill=10000,             # completions in the buffer before the first step
-  )
-  # The runtime's searcher restarts and fault injection (main's configs/gsm8k.py, issue 15).
-  c.searcher = dict(
-      max_restarts=3,        # a searcher whose batch raises is restarted up to this many times
-  )
-  c.sync = dict(
-      every=10,              # k: trainer steps between weight syncs / buffer merges
-      mode="async",          # "async" (searchers in threads) or "alternate"
-      weights_dtype="",      # "" = model.dtype
-  )
-  c.eval = dict(
+      prefill=10000)             # completions in the buffer before the first step
+  c.sync.update(every=10, mode="async", weights_dtype="")
+  c.eval.update(
       every=64,              # steps between evaluations (0 = only before and after)
-      every_seconds=0.0,     # > 0: also evaluate when this much wall-clock has passed
+      every_seconds=0.0,
       num_problems=0,        # 0 = the whole validation split
       greedy=False,          # no argmax pass: the paper samples near-greedily instead
       num_samples=1,         # one generation per prompt ...
       temperature=0.010001,  # ... at the authors' evaluation temperature
-      max_new_tokens=128,
-      batch_size=64,
-  )
-  c.checkpoint = dict(every=64, max_to_keep=3)
-  c.log = dict(every=1, tensorboard=True, wandb_project="")
+      max_new_tokens=128, batch_size=64)
+  c.checkpoint.update(every=64, max_to_keep=3)
   c.export = True  # write the final policy to WORKDIR/export (Hugging Face format)
-  c.fault = dict(            # fault injection, a testing aid (README "Fault injection"); 0 = off
-      searcher_fail_at=0, searcher_fail_repeats=False, searcher=0, stop_at_step=0,
-      stop_signal="SIGKILL", stop_process=0)
-  return c
 
 
 def _pythia(c, size: str, prompts_per_batch: int):
@@ -260,7 +213,8 @@ def get_config(arg: str = "pythia410m") -> ml_collections.ConfigDict:
   variant, *overrides = (arg or "pythia410m").split(",")
   if variant not in VARIANTS:
     raise ValueError(f"unknown variant {variant!r} of configs/tldr.py; choose from {VARIANTS}")
-  c = _base()
+  c = gsm8k._base()
+  _common(c)
   {"pythia410m": lambda c: _pythia(c, "410m", 2), "pythia1b": lambda c: _pythia(c, "1b", 1),
    "pythia2p8b": _pythia2p8b, "pythia410m_table1": _table1, "tiny": _tiny}[variant](c)
   c.variant = variant

@@ -8,6 +8,7 @@ import importlib.util
 import os
 
 import jax
+import optax
 
 from tba_jax import faults, hf_checkpoints, lora, losses, rewards, sharding, train_step
 from tba_jax import weight_sync
@@ -16,9 +17,9 @@ from tba_jax.config_checks import ConfigError
 from tba_jax.evaluation import Evaluator
 from tba_jax.model import LoRAConfig, ModelConfig, init_params
 from tba_jax.sampler import Sampler
-from tba_jax.searcher import PromptStream, Searcher
+from tba_jax.searcher import Exploration, PromptStream, Searcher
 from tba_jax.searcher_pool import SearcherPool
-from tba_jax.tasks import Task, arithmetic, gsm8k, tldr
+from tba_jax.tasks import Task, arithmetic, gsm8k, redteam, tldr
 
 
 def use_cpu_devices(num: int) -> None:
@@ -194,6 +195,8 @@ def load_tokenizer(model_cfg):
 def build_task(task_cfg, tokenizer) -> Task:
   if task_cfg.name == "tldr":
     return _tldr_task(task_cfg, tokenizer)
+  if task_cfg.name == "redteam":
+    return redteam_task(task_cfg.redteam)
   if task_cfg.name == "gsm8k":
     path = task_cfg.data_path or None
     train, test = gsm8k.load("train", path), gsm8k.load("test", path)
@@ -202,7 +205,7 @@ def build_task(task_cfg, tokenizer) -> Task:
     train, test = arithmetic.make_problems(a.ops, a.low, a.high, seed=a.seed,
                                            test_fraction=a.test_fraction)
   else:
-    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, arithmetic, tldr)")
+    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, arithmetic, tldr, redteam)")
   if task_cfg.num_train_problems:
     train = train[:task_cfg.num_train_problems]
   style, suffix = task_cfg.prompt_style, task_cfg.question_suffix
@@ -230,6 +233,14 @@ def _tldr_task(t, tokenizer) -> Task:
                         gold_reward_model=t.gold_reward_model, dtype=t.reward_dtype)
 
 
+def redteam_task(r) -> Task:
+  """The red-teaming task from config.task.redteam (tasks/redteam.py)."""
+  victim = redteam.Victim(r.victim, r.victim_dtype, r.victim_prompt, r.victim_temperature,
+                          r.victim_top_p, r.victim_max_new_tokens, r.num_replies, r.seed)
+  judge = redteam.Judge(r.judge, r.judge_path, r.toxic_label, r.judge_dtype, r.seed)
+  return redteam.make_task(victim, judge, r.embedder)
+
+
 def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, meshes, *,
                   publish, params, reference, prompt_tokens: dict[int, list[int]],
                   max_prompt_len: int, seed: int, max_restarts: int,
@@ -253,7 +264,8 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
     shard = i + len(meshes) * jax.process_index()  # this searcher's global index
     sampler = Sampler(model_config, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                       top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
-                      pad_id=tokenizer.pad_id, mesh=mesh)
+                      pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=s.min_new_tokens,
+                      end_with_eos=s.end_with_eos)
     first = publish(params, i)
     reward = stage.build(mesh)
     if fault_cfg.searcher_fail_at and shard == fault_cfg.searcher:
@@ -272,7 +284,8 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
         stream=PromptStream(train_ids[shard::num_shards], seed=seed + shard),
         prompt_tokens=prompt_tokens, problems=problems, decode=tokenizer.decode,
         reward=reward, num_prompts=s.num_prompts_per_batch,
-        num_samples=s.num_samples_per_prompt, max_prompt_len=max_prompt_len, seed=seed))
+        num_samples=s.num_samples_per_prompt, max_prompt_len=max_prompt_len, seed=seed,
+        explore=Exploration(s.explore_prob, s.explore_low, s.explore_high)))
   return SearcherPool(searchers, publish=publish, max_prompt_len=max_prompt_len,
                       max_completion_len=s.max_new_tokens, max_restarts=max_restarts)
 
@@ -284,7 +297,7 @@ def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelC
   problems = task.test[:e.num_problems] if e.num_problems else task.test
   make_sampler = lambda **kw: Sampler(model_config, max_new_tokens=e.max_new_tokens,
                                       eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
-                                      mesh=mesh, **kw)
+                                      mesh=mesh, min_new_tokens=e.min_new_tokens, **kw)
   return Evaluator(
       problems=problems,
       prompt_tokens=list(encode_prompts(problems, task, tokenizer, max_prompt_len).values()),
@@ -325,11 +338,46 @@ def loss_fn(loss_cfg):
 
 
 def beta_schedule(loss_cfg):
+  """beta(u); with a tempered target (loss.target_temp_*) beta(u) tau(u) (losses.py)."""
   if loss_cfg.name != "tb":  # the baselines' KL coefficient
     return functools.partial(losses.constant_beta, beta=loss_cfg.kl_coef)
-  return functools.partial(losses.linear_beta, beta_init=loss_cfg.beta_start,
+  beta = functools.partial(losses.linear_beta, beta_init=loss_cfg.beta_start,
                            beta_final=loss_cfg.beta_end, anneal_steps=loss_cfg.beta_anneal_steps,
                            stop_step=loss_cfg.beta_switch_step)
+  if not _tempered(loss_cfg):
+    return beta
+  tau = _target_temperature(loss_cfg)
+  return lambda u: beta(u) * tau(u)
+
+
+def learned_log_z(loss_cfg, task: Task) -> train_step.LearnedLogZ | None:
+  """loss.log_z="learned": a log Z per training prompt id, trained by Adam; None: VarGrad."""
+  if loss_cfg.log_z == "vargrad":
+    return None
+  return train_step.LearnedLogZ(optax.adam(loss_cfg.log_z_learning_rate),
+                                num_prompts=max(p.id for p in task.train) + 1)
+
+
+def ref_weight_schedule(loss_cfg):
+  """1 / (gamma(u) tau(u)), the weight of log pi_ref in a tempered target; None: 1."""
+  if not _tempered(loss_cfg):
+    return None
+  gamma = functools.partial(losses.linear_ramp, start=loss_cfg.ref_temp_start,
+                            end=loss_cfg.ref_temp_end, steps=loss_cfg.ref_temp_steps)
+  tau = _target_temperature(loss_cfg)
+  return lambda u: 1.0 / (gamma(u) * tau(u))
+
+
+def _target_temperature(loss_cfg):
+  return functools.partial(losses.linear_ramp, start=loss_cfg.target_temp_start,
+                           end=loss_cfg.target_temp_end, steps=loss_cfg.target_temp_steps)
+
+
+def _tempered(loss_cfg) -> bool:
+  lo = loss_cfg
+  return lo.name == "tb" and any(
+      v != 1.0 for v in (lo.ref_temp_start, lo.ref_temp_end, lo.target_temp_start,
+                         lo.target_temp_end))
 
 
 def lr_schedule(o, num_steps: int):
@@ -337,7 +385,8 @@ def lr_schedule(o, num_steps: int):
     return train_step.warmup_stable_decay(o.learning_rate, o.warmup_steps, o.stable_steps,
                                           o.decay_steps)
   if o.schedule == "linear":
-    return train_step.warmup_linear(o.learning_rate, o.warmup_steps, num_steps)
+    return train_step.warmup_linear(o.learning_rate, o.warmup_steps,
+                                    o.linear_decay_steps or num_steps)
   if o.schedule == "cosine":
     return train_step.warmup_cosine(o.learning_rate, o.warmup_steps, o.decay_steps or num_steps)
   if o.schedule == "constant":

@@ -21,7 +21,9 @@ CHOICES = {
     "loss.name": ("tb", "rloo", "grpo"),
     "optim.schedule": ("wsd", "linear", "cosine", "constant"),
     "buffer.eviction": ("oldest", "lowest_reward"),  # replay_buffer.EVICTION_POLICIES
-    "task.name": ("gsm8k", "arithmetic", "tldr"),
+    "task.name": ("gsm8k", "arithmetic", "tldr", "redteam"),
+    "buffer.priority": ("reward", "log_target"),  # replay_buffer.PRIORITIES
+    "loss.log_z": ("vargrad", "learned"),
     "model.dtype": ("float32", "bfloat16"),
     "sync.weights_dtype": ("", "float32", "bfloat16"),
     "model.add_bos": ("auto", "on", "off"),
@@ -37,6 +39,7 @@ AT_LEAST_ONE = (
     "sampler.num_samples_per_prompt", "sampler.num_prompts_per_batch", "loss.beta_anneal_steps",
     "optim.num_microbatches", "buffer.num_prompts", "buffer.samples_per_prompt",
     "buffer.max_per_prompt", "buffer.prefill", "sync.every", "eval.max_new_tokens",
+    "loss.ref_temp_steps", "loss.target_temp_steps",
     "eval.batch_size", "checkpoint.every", "checkpoint.max_to_keep", "log.every")
 # Sizes, periods and coefficients where 0 means "off" / "all" / "none".
 AT_LEAST_ZERO = (
@@ -47,14 +50,18 @@ AT_LEAST_ZERO = (
     "optim.grad_clip_norm", "buffer.max_entries", "eval.every", "eval.every_seconds",
     "eval.num_problems", "eval.num_samples", "eval.temperature", "searcher.max_restarts",
     "fault.searcher_fail_at", "fault.searcher", "fault.stop_at_step", "fault.stop_process",
-    "model.lora.rank")
+    "model.lora.rank", "sampler.min_new_tokens", "eval.min_new_tokens", "buffer.near_duplicate",
+    "buffer.freeze_step", "optim.linear_decay_steps")
 # Closed intervals [low, high].
 INTERVALS = {
     "buffer.m": (0.0, 1.0), "buffer.reward_weight": (0.0, 1.0), "optim.b1": (0.0, 1.0),
-    "optim.b2": (0.0, 1.0),
+    "optim.b2": (0.0, 1.0), "sampler.explore_prob": (0.0, 1.0),
 }
 # Open below: must be > 0.
-POSITIVE = ("sampler.temperature", "sampler.top_p", "buffer.reward_tau", "model.lora.alpha")
+POSITIVE = ("sampler.temperature", "sampler.top_p", "buffer.reward_tau", "model.lora.alpha",
+            "sampler.explore_low", "sampler.explore_high", "loss.ref_temp_start",
+            "loss.ref_temp_end", "loss.target_temp_start", "loss.target_temp_end",
+            "loss.log_z_learning_rate")
 PROMPT_STYLES = ("paper", "chat")
 
 
@@ -132,11 +139,39 @@ def _problems(config) -> Iterable[str]:
                              len(set(targets)) != len(targets)):
     yield (f"model.lora.targets={get('model.lora.targets')!r}: must be 'all' or distinct names "
            f"from {','.join(LORA_TARGETS)}")
+  if 0 < get("sampler.explore_high") < get("sampler.explore_low"):
+    yield (f"sampler.explore_low={get('sampler.explore_low')!r}: must be <= "
+           f"sampler.explore_high={get('sampler.explore_high')!r}")
+  if get("sampler.end_with_eos") and get("sampler.min_new_tokens") >= get("sampler.max_new_tokens"):
+    yield (f"sampler.min_new_tokens={get('sampler.min_new_tokens')!r}: must be < "
+           f"sampler.max_new_tokens={get('sampler.max_new_tokens')!r} with end_with_eos")
+  if get("loss.log_z") == "learned" and get("loss.name") != "tb":
+    yield f"loss.log_z='learned': only with loss.name='tb' (not {get('loss.name')!r})"
+  if get("task.name") == "redteam":
+    yield from _redteam_problems(config)
   if get("model.path") == "random" and not get("model.tokenizer"):
     yield "model.tokenizer='': a random model needs a tokenizer (e.g. 'bytes')"
   if not get("model.path"):
     yield ("model.path='': must be a HF directory, a hub id, a .gguf file, 'smollm2' or "
            "'random'")
+
+
+def _redteam_problems(config) -> Iterable[str]:
+  from tba_jax.tasks import redteam
+  try:
+    r = lookup(config, "task.redteam")
+  except (KeyError, AttributeError):
+    yield "task.redteam: missing (the red-teaming task's section; configs/redteam.py)"
+    return
+  if r.victim_prompt not in redteam.PROMPT_STYLES:
+    yield f"task.redteam.victim_prompt={r.victim_prompt!r}: must be one of {redteam.PROMPT_STYLES}"
+  if r.judge not in redteam.JUDGES:
+    yield f"task.redteam.judge={r.judge!r}: must be one of {redteam.JUDGES}"
+  if r.num_replies < 1:
+    yield f"task.redteam.num_replies={r.num_replies!r}: must be >= 1"
+  if lookup(config, "buffer.num_prompts") != 1:
+    yield ("buffer.num_prompts: must be 1 for red-teaming (one attack prompt; a batch is "
+           "one slot of buffer.samples_per_prompt attacks)")
 
 
 def validate(config) -> None:

@@ -60,6 +60,7 @@ class SlotState:
   last_token: jax.Array  # [N] int32: the next input
   position: jax.Array  # [N] int32: its position id
   row_keys: jax.Array  # [N] typed PRNG keys: fold_in(key, row id)
+  temperature: jax.Array  # [N] float32: each row's sampling temperature
   cache: Any  # KVCache with a per-row index [N]: the slot the next input goes to
 
 
@@ -99,6 +100,7 @@ def _empty_pool(key, *, model_config, options, mesh, num_slots, cache_size):
       lengths=jnp.zeros((n,), jnp.int32), done=jnp.ones((n,), bool),
       last_token=jnp.zeros((n,), jnp.int32), position=jnp.zeros((n,), jnp.int32),
       row_keys=jax.random.split(key, n),  # placeholders: a row's key is set when it is placed
+      temperature=jnp.ones((n,), jnp.float32),
       cache=_place_cache(cache, model_config, mesh))
 
 
@@ -109,10 +111,10 @@ def prefill_prompts(logits_fn, params, prompt_tokens, prompt_mask, cache):
 
 
 def insert_rows(state: SlotState, prefilled: KVCache, logits, key, count, slots, sources,
-                row_ids, prompt_lens, options) -> SlotState:
-  """Rows i < count: slot slots[i] starts row row_ids[i] from prefilled prompt
-  sources[i] (KV [L,U,K,T,H], logits [U,V]) of prompt_lens[i] tokens. The
-  index vectors are padded to N, so one program serves any number of rows."""
+                row_ids, prompt_lens, temperatures, options) -> SlotState:
+  """Rows i < count: slot slots[i] starts row row_ids[i] at temperatures[i] from
+  prefilled prompt sources[i] (KV [L,U,K,T,H], logits [U,V]) of prompt_lens[i]
+  tokens. The vectors are padded to N, so one program serves any number of rows."""
   t, s, m = prefilled.k.shape[3], state.cache.k.shape[3], options.max_new_tokens
   eos = jnp.asarray(options.eos_ids, jnp.int32)
 
@@ -128,8 +130,9 @@ def insert_rows(state: SlotState, prefilled: KVCache, logits, key, count, slots,
         cache, k=write(cache.k, take(prefilled.k)), v=write(cache.v, take(prefilled.v)),
         mask=cache.mask.at[slot].set(jnp.arange(s) < p), index=cache.index.at[slot].set(p))
     row_key = jax.random.fold_in(key, row_ids[i])
+    row_logits = sampler_lib.mask_eos(jax.lax.dynamic_index_in_dim(logits, src), 0, options)
     token, logprob, tempered = sampler_lib.choose_tokens(
-        jax.lax.dynamic_index_in_dim(logits, src), jax.random.fold_in(row_key, 0)[None], options)
+        row_logits, jax.random.fold_in(row_key, 0)[None], options, temperatures[i])
     first = lambda x, fill: jnp.full((m,), fill, x.dtype).at[0].set(x[0])
     return dataclasses.replace(
         st, tokens=st.tokens.at[slot].set(first(token, options.pad_id)),
@@ -138,7 +141,8 @@ def insert_rows(state: SlotState, prefilled: KVCache, logits, key, count, slots,
         lengths=st.lengths.at[slot].set(1),
         done=st.done.at[slot].set(jnp.isin(token[0], eos) | (m == 1)),
         last_token=st.last_token.at[slot].set(token[0]), position=st.position.at[slot].set(p),
-        row_keys=st.row_keys.at[slot].set(row_key), cache=cache)
+        row_keys=st.row_keys.at[slot].set(row_key),
+        temperature=st.temperature.at[slot].set(temperatures[i]), cache=cache)
 
   return jax.lax.fori_loop(0, count, place, state)
 
@@ -165,7 +169,8 @@ def decode_chunk(logits_fn, params, state: SlotState, max_steps, min_free, windo
                               live[:, None].astype(jnp.int32), s.cache)
     cache = dataclasses.replace(cache, index=jnp.where(live, cache.index, s.cache.index))
     keys = jax.vmap(jax.random.fold_in)(s.row_keys, s.lengths)
-    token, logprob, tempered = sampler_lib.choose_tokens(logits, keys, options)
+    logits = sampler_lib.mask_eos(logits, s.lengths, options)
+    token, logprob, tempered = sampler_lib.choose_tokens(logits, keys, options, s.temperature)
     at = (jnp.arange(m)[None] == s.lengths[:, None]) & live[:, None]  # [N,M]: the row's column
     put = lambda buf, x: jnp.where(at, x[:, None], buf)
     lengths = s.lengths + live.astype(jnp.int32)
@@ -191,10 +196,10 @@ def _prefill_program(params, prompt_tokens, prompt_mask, *, model_config, mesh):
 
 # The pool (its cache the largest buffer) is donated: slots are rewritten in place.
 @functools.partial(jax.jit, static_argnames=("options",), donate_argnames=("state",))
-def _insert_program(state, prefilled, logits, key, count, slots, sources, row_ids, prompt_lens, *,
-                    options):
+def _insert_program(state, prefilled, logits, key, count, slots, sources, row_ids, prompt_lens,
+                    temperatures, *, options):
   return insert_rows(state, prefilled, logits, key, count, slots, sources, row_ids, prompt_lens,
-                     options)
+                     temperatures, options)
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "options", "window"),
@@ -256,9 +261,14 @@ class Stream:
     self.stats = StreamStats()
 
   # -- feeding ---------------------------------------------------------------
-  def add(self, prompts: Sequence[Sequence[int]], row_ids: Sequence[int]) -> None:
+  def add(self, prompts: Sequence[Sequence[int]], row_ids: Sequence[int],
+          temperature: float | None = None) -> None:
     """Queue rows: row_ids[i] samples a completion of prompts[i] (ids seed the
-    rows' random streams, so each should be used once per key)."""
+    rows' random streams, so each should be used once per key) at `temperature`
+    (None: the sampler's; any value runs in the same compiled programs)."""
+    temperature = self.options.temperature if temperature is None else float(temperature)
+    if not self.options.greedy and not temperature > 0:
+      raise ValueError(f"temperature={temperature} must be > 0")
     if len(prompts) != len(row_ids):
       raise ValueError(f"{len(prompts)} prompts but {len(row_ids)} row ids")
     for p, r in zip(prompts, row_ids):
@@ -268,7 +278,7 @@ class Stream:
       if len(p) > self.max_prompt_bucket:
         raise ValueError(f"prompt of {len(p)} tokens exceeds this stream's max_prompt_len "
                          f"(bucket {self.max_prompt_bucket})")
-      self.queue.setdefault(p, collections.deque()).append(int(r))
+      self.queue.setdefault(p, collections.deque()).append((int(r), temperature))
 
   def set_params(self, params, version: Any = None) -> None:
     """Decode the next chunks under `params`. Prefilled prompts of the old
@@ -328,7 +338,7 @@ class Stream:
 
   def _refill(self) -> None:
     free = [j for j, s in enumerate(self.slots) if s is None]
-    rows = []  # (slot, prompt, row id)
+    rows = []  # (slot, prompt, (row id, temperature))
     while len(rows) < len(free) and self.queue:
       prompt, ids = next(iter(self.queue.items()))
       rows.append((free[len(rows)], prompt, ids.popleft()))
@@ -342,16 +352,18 @@ class Stream:
     # One insert per prefilled batch the rows draw from (the current one, and
     # an earlier one whose prompt still had samples waiting).
     by_batch: dict[int, tuple] = {}
-    for slot, prompt, row_id in rows:
+    for slot, prompt, (row_id, temperature) in rows:
       logits, batch, u = self.prefilled[prompt]
       by_batch.setdefault(id(batch), (batch, logits, []))[2].append(
-          (slot, u, row_id, len(prompt)))
+          (slot, u, row_id, len(prompt), temperature))
       self.slots[slot] = _Slot(row_id, len(prompt), self.version)
     n = self.num_slots
     for batch, logits, placed in by_batch.values():
-      vec = lambda k: np.array([x[k] for x in placed] + [0] * (n - len(placed)), np.int32)
+      vec = lambda k, dtype=np.int32: np.array([x[k] for x in placed] + [1] * (n - len(placed)),
+                                               dtype)
       self.state = _insert_program(self.state, batch, logits, self.key, len(placed), vec(0),
-                                   vec(1), vec(2), vec(3), options=self.options)
+                                   vec(1), vec(2), vec(3), vec(4, np.float32),
+                                   options=self.options)
     for prompt in {p for _, p, _ in rows} - set(self.queue):  # every sample placed
       del self.prefilled[prompt]
     self.stats.refills += 1
@@ -383,12 +395,13 @@ class _Slot:
 
 
 def generate(sampler: sampler_lib.Sampler, params, prompts: Sequence[Sequence[int]],
-             rng_key) -> sampler_lib.Rollouts:
-  """`sampler(params, prompts, rng_key)` through a pool of `sampler.num_slots` rows:
-  the same Rollouts (row i is prompts[i], seeded by its index i)."""
+             rng_key, temperature: float | None = None) -> sampler_lib.Rollouts:
+  """`sampler(params, prompts, rng_key, temperature)` through a pool of
+  `sampler.num_slots` rows: the same Rollouts (row i is prompts[i], seeded by its
+  index i)."""
   n, m = len(prompts), sampler.options.max_new_tokens
   stream = sampler.stream(params, rng_key, max_prompt_len=max(map(len, prompts)))
-  stream.add(prompts, range(n))
+  stream.add(prompts, range(n), temperature)
   tokens = np.full((n, m), sampler.options.pad_id, np.int32)
   logprobs, tempered = np.zeros((n, m), np.float32), np.zeros((n, m), np.float32)
   lengths = np.zeros((n,), np.int32)

@@ -16,7 +16,8 @@ import numpy as np
 # all-gather (no x64) unchanged.
 # (ReplayBuffer.state_dict uses them too.)
 SCALAR_FIELDS = (("prompt_id", np.int32), ("reward", np.float32), ("version", np.int32),
-                 ("searcher_id", np.int32), ("ended_with_eos", np.int32))
+                 ("searcher_id", np.int32), ("ended_with_eos", np.int32),
+                 ("temperature", np.float32))
 PER_TOKEN_FIELDS = (("completion", np.int32), ("ref_logprobs", np.float32),
                     ("behaviour_logprobs", np.float32))
 
@@ -33,6 +34,7 @@ class Entry:
   version: int                    # policy version (trainer step of the weights) that sampled it
   searcher_id: int = 0
   ended_with_eos: bool = False    # False: truncated at the max length, no EOS
+  temperature: float = 1.0        # the sampling temperature of its batch (searchers explore)
 
   @property
   def length(self) -> int:
@@ -67,7 +69,7 @@ def normalized(e: Entry) -> Entry:
   # all-gather without x64) is lossless and every host holds bit-identical buffers.
   return Entry(int(e.prompt_id), frozen(e.prompt, np.int32), completion,
                float(np.float32(e.reward)), ref, beh, int(e.version), int(e.searcher_id),
-               bool(e.ended_with_eos))
+               bool(e.ended_with_eos), float(np.float32(e.temperature)))
 
 
 def check_fits(entries: Iterable[Entry], max_prompt_len: int, max_completion_len: int):

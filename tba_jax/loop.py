@@ -116,20 +116,25 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   lr_at = lambda done: float(lr(done))  # the lr of update `done` (1-based, as the authors)
   optimizer = train_step.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None, o.b1, o.b2,
                                         moments_dtype=o.moments_dtype)
-  state = train_step.init_state(params, optimizer,
-                                train_step.state_shardings(model_cfg, optimizer, trainer_mesh))
+  log_z = build.learned_log_z(c.loss, task)
+  state = train_step.init_state(
+      params, optimizer, train_step.state_shardings(model_cfg, optimizer, trainer_mesh, log_z),
+      log_z)
   del params
   num_params = model.count_params(lora.base_config(model_cfg))
   beta = build.beta_schedule(c.loss)
   train = train_step.make_update(
       model_cfg, optimizer, build.loss_fn(c.loss), beta, trainer_mesh,
       temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
-      num_microbatches=o.num_microbatches, remat=c.model.remat, lr_schedule=lr)
+      num_microbatches=o.num_microbatches, remat=c.model.remat, lr_schedule=lr,
+      ref_weight_schedule=build.ref_weight_schedule(c.loss), learned_log_z=log_z)
   # LoRA: every update also reads the frozen base (never donated, never rebound).
   update = (lambda state, batch: train(state, batch, base)) if base else train
   batch_sharding = train_step.batch_shardings(trainer_mesh)
   global_buffer = ReplayBuffer(c.buffer.max_per_prompt, c.buffer.max_entries or None,
-                               c.buffer.eviction, seed=c.seed, dedup=c.buffer.dedup)
+                               c.buffer.eviction, seed=c.seed, dedup=c.buffer.dedup,
+                               priority=c.buffer.priority, priority_beta=c.loss.beta_end,
+                               near_duplicate=c.buffer.near_duplicate)
 
   # ----- Searchers and evaluation ---------------------------------------------------
   # With reference resets the reference in use is part of the run state: a copy on the
@@ -297,6 +302,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
 
       # Metrics, evaluation, checkpoints.
       done = step + 1
+      if done == b.freeze_step:  # the cap is saved with the buffer, so a resume keeps it
+        global_buffer.freeze_size()
       row = {k: float(v) for k, v in m.items()}
       row.update(step_seconds=dt, tokens_per_second=m["num_tokens"] / dt,
                  staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),

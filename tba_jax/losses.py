@@ -24,6 +24,11 @@ Switches (each defaults to the TBA paper's behaviour):
   baselines `ratio_clip` is PPO's eps instead: a different quantity.)
 - beta schedule: `linear_beta` (the authors' anneal, with its (u - 1)
   convention and optional abrupt switch) or `constant_beta`.
+- Tempered target (red-teaming; Lee et al., GFNOrg/red-teaming gfn_trainer.py
+  L484-514): log R_u(y) = [log pi_ref(y) / gamma(u) + r / beta] / tau(u), i.e.
+  `ref_weight` = 1 / (gamma tau) on the reference term and beta tau in place of
+  beta, both `linear_ramp`s of the step, applied when the batch is trained (so
+  replayed samples get the current step's target, as Lee et al. recompute it).
 - Reference resetting (TBA-prime: every 50 steps) is a runtime matter, not a
   loss option: the loop copies the trainer's params into the searchers'
   reference params, and samples generated afterwards carry reference
@@ -116,7 +121,7 @@ def group_mean(values: Array, group_ids: Array) -> Array:
 # Trajectory balance.
 # ---------------------------------------------------------------------------
 class TBAux(NamedTuple):
-  log_z: Array      # [N] VarGrad log Z of each sequence's prompt (detached)
+  log_z: Array      # [N] log Z of each sequence's prompt (VarGrad's, detached; or the learned)
   residuals: Array  # [N] log Z + d
   kl: Array         # scalar: mean of log pi_theta - log pi_ref (KL(pi||ref) estimate)
   weights: Array    # [N] importance weights (ones without ratio_clip)
@@ -125,8 +130,14 @@ class TBAux(NamedTuple):
 def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Array,
                        group_ids: Array, beta: Array | float,
                        behaviour_logprobs: Array | None = None,
-                       ratio_clip: float | None = None) -> tuple[Array, TBAux]:
+                       ratio_clip: float | None = None,
+                       ref_weight: Array | float = 1.0,
+                       log_z: Array | None = None) -> tuple[Array, TBAux]:
   """VarGrad TB loss (module docstring); all inputs are per-sequence [N].
+
+  `ref_weight` scales the reference term: d = log pi - ref_weight log pi_ref - r / beta.
+  `log_z` [N], when given, is a learned log Z of each row's prompt (differentiated:
+  TB as in Malkin et al. 2022) in place of the VarGrad estimate.
 
   ratio_clip (TBA-prime, default None = off) weights each squared residual by
   stopgrad(min(exp(policy - behaviour), ratio_clip)); needs behaviour_logprobs,
@@ -134,14 +145,15 @@ def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Arr
   log Z stays the plain group mean of d.
   """
   policy_logprobs = policy_logprobs.astype(jnp.float32)
-  d = policy_logprobs - ref_logprobs - rewards / beta
-  log_z = jax.lax.stop_gradient(-group_mean(d, group_ids))
+  d = policy_logprobs - ref_weight * ref_logprobs - rewards / beta
+  if log_z is None:
+    log_z = jax.lax.stop_gradient(-group_mean(d, group_ids))
   residuals = log_z + d
   weights = _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip)
   loss = jnp.mean(weights * residuals ** 2)
   kl = jnp.mean(jax.lax.stop_gradient(policy_logprobs - ref_logprobs))
-  return loss, TBAux(log_z=log_z, residuals=jax.lax.stop_gradient(residuals), kl=kl,
-                     weights=weights)
+  return loss, TBAux(log_z=jax.lax.stop_gradient(log_z),
+                     residuals=jax.lax.stop_gradient(residuals), kl=kl, weights=weights)
 
 
 def _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip):
@@ -174,6 +186,13 @@ def linear_beta(step: Array | int, beta_init: float, beta_final: float,
 def constant_beta(step: Array | int, beta: float) -> Array:
   del step
   return jnp.asarray(beta, jnp.float32)
+
+
+def linear_ramp(step: Array | int, start: float, end: float, steps: int) -> Array:
+  """start + (end - start) min(1, u / steps) at the 1-based step u: Lee et al.'s
+  reward and lm temperature schedules (gfn_trainer.py L253-264, u = global_step)."""
+  frac = jnp.minimum(1.0, jnp.asarray(step, jnp.float32) / steps)
+  return jnp.asarray(start + (end - start) * frac, jnp.float32)
 
 
 # ---------------------------------------------------------------------------

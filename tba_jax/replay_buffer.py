@@ -32,6 +32,19 @@ newest items), never from older ones.
 
 Staleness enters here: every entry keeps the policy version that sampled it,
 and `sample` returns those versions per row; the loop turns them into metrics.
+
+Priorities. The any-prompt branch's reward softmax and the near-duplicate filter
+rank entries by `priority`: "reward" (the entry's reward; red-teaming's c, Lee et
+al.'s default `c_reward`) or "log_target" (log pi_ref(y) + reward / beta, the TB
+target's log-density at the loss's beta: Lee et al.'s `reward`, lm + c / beta).
+
+Red-teaming's buffer (TBA B.3, Lee et al. GFNOrg/red-teaming utils.py L289-480):
+`freeze_size()` caps the buffer at its current size (TBA: from step 4000 on,
+oldest out first); `near_duplicate=tol > 0` keeps, of two completions of a prompt
+whose token edit distance (EOS left out) is below tol x (len_a + len_b), the one
+of higher priority (Lee's edit metric, tol 0.25). The filter compares a new entry
+with every entry of its prompt (O(entries) per insert): meant for buffers of
+thousands, as Lee's (1k-5k), not TBA's 100k.
 """
 from __future__ import annotations
 
@@ -50,6 +63,7 @@ from tba_jax.entries import (PER_TOKEN_FIELDS, SCALAR_FIELDS, Entry, check_fits,
                              normalized)
 
 EVICTION_POLICIES = ("oldest", "lowest_reward")
+PRIORITIES = ("reward", "log_target")
 # The variable-length arrays of state_dict, in the order of its `sizes` array.
 _STATE_ARRAYS = (("seq", "length") + tuple(n for n, _ in SCALAR_FIELDS + PER_TOKEN_FIELDS) +
                  ("prompt_table_ids", "prompt_table_lens", "prompt_table_tokens", "pending",
@@ -93,14 +107,20 @@ class ReplayBuffer:
   """
 
   def __init__(self, max_per_prompt: int = 100, max_entries: int | None = None,
-               eviction: str = "oldest", seed: int = 0, dedup: bool = True):
+               eviction: str = "oldest", seed: int = 0, dedup: bool = True,
+               priority: str = "reward", priority_beta: float = 1.0,
+               near_duplicate: float = 0.0):
     if max_per_prompt < 1 or (max_entries is not None and max_entries < 1):
       raise ValueError(f"caps must be >= 1: max_per_prompt={max_per_prompt}, "
                        f"max_entries={max_entries}")
     if eviction not in EVICTION_POLICIES:
       raise ValueError(f"eviction={eviction!r}, expected one of {EVICTION_POLICIES}")
+    if priority not in PRIORITIES or not priority_beta > 0 or near_duplicate < 0:
+      raise ValueError(f"priority={priority!r} (one of {PRIORITIES}), priority_beta="
+                       f"{priority_beta} (> 0), near_duplicate={near_duplicate} (>= 0)")
     self.max_per_prompt, self.max_entries, self.eviction = max_per_prompt, max_entries, eviction
-    self.dedup = dedup
+    self.dedup, self.near_duplicate = dedup, near_duplicate
+    self.priority, self.priority_beta = priority, priority_beta
     self._lock = threading.Lock()
     # The buffer owns its RNG so a checkpoint of the buffer alone reproduces future batches,
     # and hosts holding identical buffers sample identical global batches.
@@ -121,6 +141,7 @@ class ReplayBuffer:
     self._latest: list[int] = []     # prompts refreshed at the latest sync (sorted)
     self._latest_left: list[int] = []  # those not yet taken by the m branch (sorted)
     self._num_syncs = self._num_added = self._num_replaced = self._num_evicted = 0
+    self._num_near_duplicates = 0  # entries not added: a near duplicate ranked as high
     self._reward_sum, self._length_sum, self._version_sum = 0.0, 0, 0
 
   # --- Insertion and eviction -------------------------------------------------------------
@@ -143,6 +164,14 @@ class ReplayBuffer:
     if per is not None and key in per:  # same completion again: the newer sample wins
       self._forget_entry(*per.pop(key))
       self._num_replaced += 1
+    elif per and self.near_duplicate > 0:
+      close = self._first_near_duplicate(e, per)
+      if close is not None:
+        if self._score(per[close][1]) >= self._score(e):
+          self._num_near_duplicates += 1
+          return
+        self._forget_entry(*per.pop(close))
+        self._num_replaced += 1
     self._insert(e, self._next_seq)
     self._next_seq += 1
     self._pending.add(pid)
@@ -153,6 +182,33 @@ class ReplayBuffer:
     if self.max_entries is not None:
       while len(self._by_seq) > self.max_entries:
         self._evict(*self._global_victim())
+
+  def _score(self, e: Entry) -> float:
+    """The entry's priority (module docstring)."""
+    if self.priority == "reward":
+      return e.reward
+    return e.ref_logprob_sum + e.reward / self.priority_beta
+
+  def _first_near_duplicate(self, e: Entry, per) -> bytes | None:
+    """The key of the oldest entry in `per` within the edit-distance tolerance of `e`."""
+    keys, items = list(per), [item[1] for item in per.values()]
+    tokens = [x.completion[:x.length - x.ended_with_eos] for x in items]  # EOS left out
+    lengths = np.array([t.size for t in tokens])
+    ys = np.full((len(tokens), max(lengths.max(), 1)), -1, np.int64)
+    for i, t in enumerate(tokens):
+      ys[i, :t.size] = t
+    x = e.completion[:e.length - e.ended_with_eos]
+    close = edit_distances(x, ys, lengths) < self.near_duplicate * (x.size + lengths)
+    return keys[int(np.argmax(close))] if close.any() else None
+
+  def freeze_size(self) -> int:
+    """Caps the buffer at its current size (or its cap, if smaller); returns the cap.
+
+    Later entries evict per `eviction`; the cap is saved with the state."""
+    with self._lock:
+      size = max(len(self._by_seq), 1)
+      self.max_entries = size if self.max_entries is None else min(self.max_entries, size)
+      return self.max_entries
 
   def _key(self, e: Entry, seq: int) -> bytes:
     """Entries of a prompt are keyed by their tokens (de-dup) or by their seq."""
@@ -167,7 +223,7 @@ class ReplayBuffer:
     self._reward_sum += e.reward
     self._length_sum += e.length
     self._version_sum += e.version
-    if self.max_entries is not None and self.eviction == "lowest_reward":
+    if self.eviction == "lowest_reward":  # also uncapped: freeze_size may cap it later
       heapq.heappush(self._heap, (e.reward, seq, e.prompt_id, key))
 
   def _forget_entry(self, seq: int, e: Entry) -> None:
@@ -254,7 +310,8 @@ class ReplayBuffer:
               "mean_version": mean(self._version_sum), "num_latest": len(self._latest),
               "num_latest_left": len(self._latest_left), "num_pending": len(self._pending),
               "num_syncs": self._num_syncs, "num_added": self._num_added,
-              "num_replaced": self._num_replaced, "num_evicted": self._num_evicted}
+              "num_replaced": self._num_replaced, "num_evicted": self._num_evicted,
+              "num_near_duplicates": self._num_near_duplicates}
 
   # --- Sampling: the m rule ---------------------------------------------------------------
   def sample(self, num_prompts: int, samples_per_prompt: int, m: float,
@@ -347,7 +404,7 @@ class ReplayBuffer:
       else:
         pid = everyone[int(rng.integers(len(everyone)))]
       items = list(self._entries[pid].values())
-      p = entry_probs(np.array([e.reward for _, e in items]), tau, weight)
+      p = entry_probs(np.array([self._score(e) for _, e in items]), tau, weight)
       idx, replaced = _draw(p, k, rng)
       slots[i] = (pid, False, replaced, [items[j] for j in idx])
     return slots, fallback
@@ -375,13 +432,18 @@ class ReplayBuffer:
       state["counters"] = np.array([self._next_seq, self._drain_from, self._num_syncs,
                                     self._num_added, self._num_replaced, self._num_evicted],
                                    np.int64)
+      # The cap, which freeze_size may have lowered (0: none).
+      state["max_entries"] = np.array([self.max_entries or 0], np.int64)
       state["rng_state"] = np.frombuffer(
           json.dumps(self._rng.bit_generator.state).encode(), np.uint8).copy()
       return state
 
   def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
     # By name, in state_dict's order: a restored dict may come back with its keys sorted.
-    s = {n: np.asarray(state[n])[:int(size)] for n, size in zip(_STATE_ARRAYS, state["sizes"])}
+    # A state saved before a field existed lacks its array (and its size): such entries
+    # get the field's default.
+    names = [n for n in _STATE_ARRAYS if n in state]
+    s = {n: np.asarray(state[n])[:int(size)] for n, size in zip(names, state["sizes"])}
     with self._lock:
       self._clear()
       off = np.concatenate([[0], np.cumsum(s["prompt_table_lens"])])
@@ -389,14 +451,33 @@ class ReplayBuffer:
         self._prompts[pid] = frozen(s["prompt_table_tokens"][off[i]:off[i + 1]], np.int32)
       off = np.concatenate([[0], np.cumsum(s["length"])])
       for i, seq in enumerate(s["seq"].tolist()):  # in seq order, so every dict order holds
-        fields = {n: s[n][i].item() for n, _ in SCALAR_FIELDS}
+        fields = {n: s[n][i].item() for n, _ in SCALAR_FIELDS if n in s}
         fields.update({n: s[n][off[i]:off[i + 1]] for n, _ in PER_TOKEN_FIELDS})
         self._insert(normalized(Entry(prompt=self._prompts[fields["prompt_id"]], **fields)), seq)
       self._pending = set(s["pending"].tolist())
       self._latest, self._latest_left = s["latest"].tolist(), s["latest_left"].tolist()
       (self._next_seq, self._drain_from, self._num_syncs, self._num_added, self._num_replaced,
        self._num_evicted) = np.asarray(state["counters"]).tolist()
+      if "max_entries" in state:  # absent in states saved before freeze_size existed
+        self.max_entries = int(np.asarray(state["max_entries"])[0]) or None
       self._rng.bit_generator.state = json.loads(np.asarray(state["rng_state"]).tobytes())
+
+
+def edit_distances(x: np.ndarray, ys: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+  """Levenshtein distances [N] of the token sequence x to each ys[i, :lengths[i]].
+
+  Row by row over x, vectorised over the N candidates and their columns: with
+  best[j] = min(above + 1, diagonal + mismatch), the row is
+  D[j] = min(i + j, min_{k<=j} best[k] + j - k), a running minimum.
+  """
+  n, m = ys.shape
+  cols = np.arange(m + 1)
+  row = np.broadcast_to(cols, (n, m + 1))
+  for i, token in enumerate(np.asarray(x), 1):
+    best = np.minimum(row[:, 1:] + 1, row[:, :-1] + (ys != token))
+    shifted = np.concatenate([np.full((n, 1), i), best - cols[1:]], axis=1)
+    row = np.minimum.accumulate(shifted, axis=1) + cols
+  return row[np.arange(n), lengths]
 
 
 def _cat(arrays: Sequence[np.ndarray]) -> np.ndarray:

@@ -73,23 +73,26 @@ class Scorer:
   Rows are padded to a (batch, length) bucket so the jitted forward compiles
   once per bucket: decoders on the left (their score is read at the last real
   token), encoders on the right. Rows are split over the mesh's "data" axis,
-  the weights placed as sharding.py places a searcher's.
+  the weights placed as sharding.py places a searcher's. `fn(cfg, params,
+  tokens, mask) -> [B, ...]` is what is computed: `model.scores` (the default),
+  or e.g. `model.embed` (sentence embeddings: no head needed).
   """
 
   def __init__(self, model_config, params, mesh, *, pad_id: int = 0,
                length_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
-               batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS):
-    if not model_config.num_labels:
+               batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, fn=model.scores):
+    if fn is model.scores and not model_config.num_labels:
       raise ValueError(f"a reward stage needs a sequence-classification checkpoint; this "
                        f"{model_config.model_type} checkpoint has no classification head")
     self.model_config, self.params, self.mesh, self.pad_id = model_config, params, mesh, pad_id
+    self.fn = fn
     data = sharding.batch_size_multiple("searcher", mesh)
     self.length_buckets = tuple(sorted(length_buckets))
     self.batch_buckets = tuple(sorted({-(-b // data) * data for b in batch_buckets}))
     self.left = not isinstance(model_config, EncoderConfig)
 
   def __call__(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
-    """float32 [N, num_labels] for N token lists (each non-empty)."""
+    """float32 [N, ...] (scores: [N, num_labels]) for N token lists (each non-empty)."""
     n = len(sequences)
     b = _bucket(n, self.batch_buckets, "batch size")
     t = _bucket(max(len(s) for s in sequences), self.length_buckets, "sequence length")
@@ -100,7 +103,7 @@ class Scorer:
       span = slice(t - len(seq), t) if self.left else slice(0, len(seq))
       tokens[r, span], mask[r, span] = seq, 1
     rows = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.mesh, 2))
-    out = model.scores(self.model_config, self.params, rows(tokens), rows(mask))
+    out = self.fn(self.model_config, self.params, rows(tokens), rows(mask))
     return np.asarray(out, np.float32)[:n]
 
 

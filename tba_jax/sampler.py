@@ -16,6 +16,10 @@ Randomness is drawn per row from fold_in(fold_in(key, row id), step), so a row's
 tokens depend on (seed, its index in `prompts`, step) only: not on the batch
 bucket, the padding rows or how the batch is sharded over devices.
 
+The sampling temperature is a traced argument (one compiled program serves every
+temperature: a searcher that explores with a temperature drawn per batch never
+recompiles); `SamplingOptions.temperature` is only its default.
+
 Axis legend: B batch, T prompt length (bucketed), S cache slots, V vocab,
 N max_new_tokens.
 """
@@ -57,6 +61,10 @@ class SamplingOptions:
   greedy: bool = False  # argmax; temperature / top_k / top_p are then ignored
   eos_ids: tuple[int, ...] = ()  # a row stops after emitting any of these
   pad_id: int = 0  # written after a row's EOS
+  min_new_tokens: int = 0  # EOS ids are masked until this many tokens were sampled
+  # The last of max_new_tokens is always eos_ids[0]: a row that reaches the limit ends with
+  # an EOS, as if one were appended (red-teaming's attacks, GFNOrg/red-teaming).
+  end_with_eos: bool = False
 
   def __post_init__(self):
     if self.max_new_tokens < 1:
@@ -67,6 +75,13 @@ class SamplingOptions:
       raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables it)")
     if not 0 < self.top_p <= 1:
       raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+    if self.min_new_tokens < 0:
+      raise ValueError(f"min_new_tokens={self.min_new_tokens} must be >= 0")
+    if self.end_with_eos and not self.eos_ids:
+      raise ValueError("end_with_eos needs an EOS id")
+    if self.end_with_eos and self.min_new_tokens >= self.max_new_tokens:
+      raise ValueError(f"min_new_tokens={self.min_new_tokens} leaves no column for the EOS that "
+                       f"end_with_eos puts last (max_new_tokens={self.max_new_tokens})")
 
 
 @jax.tree_util.register_dataclass
@@ -82,6 +97,7 @@ class SamplingState:
   last_token: jax.Array  # [B] int32
   position: jax.Array  # [B] int32: position id of last_token
   row_keys: jax.Array  # [B] typed PRNG keys, one stream per row
+  temperature: jax.Array  # float32 scalar: the sampling temperature of this call
   cache: Any  # the model's cache pytree, threaded through opaquely
 
 
@@ -104,7 +120,8 @@ class Rollouts:
                      or less when every row stopped early (= max(lengths) then).
   Greedy decoding takes the argmax; both log-prob fields are then
   log_softmax(logits) at temperature 1 (the point mass actually "sampled from"
-  would give an uninformative 0).
+  would give an uninformative 0). With `min_new_tokens` / `end_with_eos` the
+  logits are those with the masked tokens at -inf (the distribution sampled from).
   """
   tokens: np.ndarray
   logprobs: np.ndarray
@@ -189,13 +206,34 @@ def _log_prob_of(x: jax.Array, token: jax.Array) -> jax.Array:
   return picked - jax.nn.logsumexp(x, axis=-1)
 
 
-def choose_tokens(logits: jax.Array, keys: jax.Array, options: SamplingOptions):
-  """(token [B] int32, logprob [B], tempered_logprob [B]) from float32 logits [B,V]."""
+def mask_eos(logits: jax.Array, step: jax.Array, options: SamplingOptions) -> jax.Array:
+  """logits [B,V] of column `step` (a scalar, or [B]) with EOS ids at -inf before
+  `min_new_tokens`, and everything but eos_ids[0] at -inf in the last column when
+  `end_with_eos`."""
+  if not options.eos_ids or not (options.min_new_tokens or options.end_with_eos):
+    return logits
+  vocab = jnp.arange(logits.shape[-1])
+  step = jnp.reshape(step, (-1, 1))  # one step for all rows, or one per row [B]
+  if options.min_new_tokens:
+    eos = jnp.isin(vocab, jnp.asarray(options.eos_ids, jnp.int32))
+    logits = jnp.where(eos & (step < options.min_new_tokens), -jnp.inf, logits)
+  if options.end_with_eos:
+    last = step == options.max_new_tokens - 1
+    logits = jnp.where(last & (vocab != options.eos_ids[0]), -jnp.inf, logits)
+  return logits
+
+
+def choose_tokens(logits: jax.Array, keys: jax.Array, options: SamplingOptions,
+                  temperature: jax.Array | float | None = None):
+  """(token [B] int32, logprob [B], tempered_logprob [B]) from float32 logits [B,V].
+
+  `temperature`: a traced scalar or one per row [B] (None: options.temperature)."""
   if options.greedy:
     token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logprob = _log_prob_of(logits, token)
     return token, logprob, logprob
-  scaled = logits / options.temperature
+  scaled = logits / (options.temperature if temperature is None
+                     else jnp.reshape(temperature, (-1, 1)))
   kept = _truncate(scaled, options.top_k, options.top_p)
   token = _draw(kept, keys)
   tempered = _log_prob_of(scaled, token)
@@ -207,7 +245,8 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, options: SamplingOptions):
 def _record(state: SamplingState, logits: jax.Array, options: SamplingOptions) -> SamplingState:
   """Sample column `state.step` from `logits` [B,V] and append it."""
   keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(state.row_keys, state.step)
-  token, logprob, tempered = choose_tokens(logits, keys, options)
+  logits = mask_eos(logits, state.step, options)
+  token, logprob, tempered = choose_tokens(logits, keys, options, state.temperature)
   live = ~state.done
   token = jnp.where(live, token, options.pad_id)
   column = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x[:, None], state.step, axis=1)
@@ -226,11 +265,13 @@ def _record(state: SamplingState, logits: jax.Array, options: SamplingOptions) -
 
 def prefill(logits_fn: LogitsFn, params, prompt_tokens: jax.Array, prompt_mask: jax.Array,
             cache, key: jax.Array, row_ids: jax.Array, row_valid: jax.Array,
-            options: SamplingOptions) -> SamplingState:
+            options: SamplingOptions, temperature: jax.Array | float | None = None
+            ) -> SamplingState:
   """Run the left-padded prompts [B,T] through the model and sample the first token.
 
   `row_ids` [B] seed each row's random stream; rows with `row_valid` False
-  (bucket padding) start done, so they never hold the loop open.
+  (bucket padding) start done, so they never hold the loop open. `temperature`
+  (None: options.temperature) holds for the whole call.
   """
   b, n = prompt_tokens.shape[0], options.max_new_tokens
   positions = model_lib.positions_from_mask(prompt_mask)
@@ -245,6 +286,8 @@ def prefill(logits_fn: LogitsFn, params, prompt_tokens: jax.Array, prompt_mask: 
       last_token=prompt_tokens[:, -1],
       position=positions[:, -1],
       row_keys=jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids),
+      temperature=jnp.asarray(options.temperature if temperature is None else temperature,
+                              jnp.float32),
       cache=cache)
   return _record(state, logits, options)
 
@@ -282,8 +325,8 @@ def model_logits_fn(model_config: ModelConfig) -> LogitsFn:
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "options", "mesh"))
-def _prefill_program(params, prompt_tokens, prompt_mask, key, row_ids, row_valid, *,
-                     model_config, options, mesh):
+def _prefill_program(params, prompt_tokens, prompt_mask, key, row_ids, row_valid, temperature,
+                     *, model_config, options, mesh):
   b, t = prompt_tokens.shape
   kv_sharding = sharding.cache_sharding(model_config, mesh)
   mask_sharding = sharding.batch_sharding("searcher", mesh)
@@ -299,7 +342,7 @@ def _prefill_program(params, prompt_tokens, prompt_mask, key, row_ids, row_valid
   # appended afterwards (one copy of the cache, cheap next to the prefill).
   cache = place(model_lib.KVCache.init(model_config, b, t))
   state = prefill(model_logits_fn(model_config), params, prompt_tokens, prompt_mask, cache, key,
-                  row_ids, row_valid, options)
+                  row_ids, row_valid, options, temperature)
   # Every sampled token but the last (never fed back) needs a slot.
   return dataclasses.replace(state, cache=place(state.cache.extend(options.max_new_tokens - 1)))
 
@@ -340,6 +383,7 @@ class Sampler:
   def __init__(self, model_config: ModelConfig, *, max_new_tokens: int, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
                eos_ids: Sequence[int] | int | None = None, pad_id: int = 0, mesh=None,
+               min_new_tokens: int = 0, end_with_eos: bool = False,
                prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
                batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, num_slots: int | None = None,
                chunk_steps: int = DEFAULT_CHUNK_STEPS, window_step: int = DEFAULT_WINDOW_STEP):
@@ -351,7 +395,7 @@ class Sampler:
     self.options = SamplingOptions(
         max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
         top_p=float(top_p), greedy=bool(greedy), eos_ids=tuple(int(e) for e in eos_ids),
-        pad_id=int(pad_id))
+        pad_id=int(pad_id), min_new_tokens=int(min_new_tokens), end_with_eos=bool(end_with_eos))
     self.mesh = mesh if mesh is not None else sharding.make_mesh("searcher", jax.devices()[:1])
     data = sharding.batch_size_multiple("searcher", self.mesh)
     self.prompt_buckets = tuple(sorted(prompt_buckets))
@@ -374,15 +418,22 @@ class Sampler:
                              max_prompt_len=max_prompt_len, chunk_steps=self.chunk_steps,
                              window_step=self.window_step, version=version)
 
-  def __call__(self, params: Params, prompts: Sequence[Sequence[int]], rng_key) -> Rollouts:
-    """Completions of `prompts` (token-id lists, any lengths >= 1); `rng_key` a jax key."""
+  def __call__(self, params: Params, prompts: Sequence[Sequence[int]], rng_key,
+               temperature: float | None = None) -> Rollouts:
+    """Completions of `prompts` (token-id lists, any lengths >= 1); `rng_key` a jax key.
+
+    `temperature` (None: the sampler's) is traced: any value reuses the compiled programs.
+    """
+    temperature = self.options.temperature if temperature is None else float(temperature)
+    if not self.options.greedy and not temperature > 0:
+      raise ValueError(f"temperature={temperature} must be > 0")
     if not prompts:
       raise ValueError("no prompts")
     if any(len(p) == 0 for p in prompts):
       raise ValueError("every prompt needs at least one token")
     if self.num_slots:
       from tba_jax import continuous  # continuous builds on this module
-      return continuous.generate(self, params, prompts, rng_key)
+      return continuous.generate(self, params, prompts, rng_key, temperature)
     n = len(prompts)
     b = _bucket(n, self.batch_buckets, "batch size")
     t = _bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt length")
@@ -401,6 +452,7 @@ class Sampler:
     state = _prefill_program(
         params, rows(tokens), rows(mask), jax.device_put(rng_key, sharding.replicated(self.mesh)),
         rows(np.arange(b, dtype=np.int32)), rows(row_valid),
+        jax.device_put(np.float32(temperature), sharding.replicated(self.mesh)),
         model_config=self.model_config, options=self.options, mesh=self.mesh)
     state = _decode_program(params, state, model_config=self.model_config, options=self.options)
     # The one host sync of a call: fetch the outputs, drop the padding rows.
@@ -413,7 +465,8 @@ class Sampler:
 def generate(model_config: ModelConfig, params: Params, prompts: Sequence[Sequence[int]], *,
              max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              greedy: bool = False, eos_ids: Sequence[int] | int | None = None, pad_id: int = 0,
-             seed: int = 0, mesh=None, num_slots: int | None = None) -> Rollouts:
+             seed: int = 0, mesh=None, min_new_tokens: int = 0, end_with_eos: bool = False,
+             num_slots: int | None = None) -> Rollouts:
   """Completions of `prompts` (lists of token ids, different lengths allowed).
 
   See `Rollouts` for the outputs and `Sampler` for buckets, placement and
@@ -423,5 +476,6 @@ def generate(model_config: ModelConfig, params: Params, prompts: Sequence[Sequen
   """
   sampler = Sampler(model_config, max_new_tokens=max_new_tokens, temperature=temperature,
                     top_k=top_k, top_p=top_p, greedy=greedy, eos_ids=eos_ids, pad_id=pad_id,
-                    mesh=mesh, num_slots=num_slots)
+                    mesh=mesh, min_new_tokens=min_new_tokens, end_with_eos=end_with_eos,
+                    num_slots=num_slots)
   return sampler(params, prompts, jax.random.key(seed))

@@ -1,7 +1,8 @@
 """A searcher: its prompt shard, the lagging policy, the frozen reference, rewards.
 
 One `search_once` call: take the newest published weights from the mailbox,
-draw the next prompts of this searcher's shard, sample S completions of each,
+draw the next prompts of this searcher's shard, pick the batch's sampling
+temperature (`Exploration`), sample S completions of each,
 score the batch with the task's reward stage, compute the reference model's
 per-token log-probs of each completion, and add the stamped entries (policy
 version, searcher id) to the searcher's local replay buffer. The searchers of a
@@ -82,6 +83,27 @@ _completion_logprobs = jax.jit(train_step.completion_token_logprobs,
                                                 "remat"))
 
 
+@dataclasses.dataclass(frozen=True)
+class Exploration:
+  """A searcher batch's sampling temperature: with probability `prob` one drawn from
+  U(low, high), else the sampler's (Lee et al., GFNOrg/red-teaming gfn_trainer.py
+  L279-285: prob 0.5, U(0.5, 2.0) for GPT-2). Only sampling changes: reference
+  and trainer log-probs stay at the sampler's temperature, and TB needs no
+  correction for off-policy samples. prob 0 (the default) never explores."""
+  prob: float = 0.0
+  low: float = 1.0
+  high: float = 1.0
+
+  def __post_init__(self):
+    if not 0 <= self.prob <= 1 or not 0 < self.low <= self.high:
+      raise ValueError(f"exploration needs 0 <= prob <= 1 and 0 < low <= high; got {self}")
+
+  def temperature(self, rng: np.random.Generator, default: float) -> float:
+    if self.prob and rng.random() < self.prob:
+      return float(rng.uniform(self.low, self.high))
+    return default
+
+
 @dataclasses.dataclass
 class SearchStats:
   num_samples: int = 0
@@ -104,8 +126,9 @@ class Searcher:
                mailbox: Mailbox, stream: PromptStream, prompt_tokens: dict[int, list[int]],
                problems: dict[int, Problem], decode: Callable[[Sequence[int]], str],
                reward: RewardFn, num_prompts: int, num_samples: int, max_prompt_len: int,
-               seed: int, ref_model_config: ModelConfig | None = None):
-    self.id, self.sampler = searcher_id, sampler
+               seed: int, ref_model_config: ModelConfig | None = None,
+               explore: Exploration = Exploration()):
+    self.id, self.sampler, self.explore, self.seed = searcher_id, sampler, explore, seed
     self.ref_params = ref_params  # frozen reference, on this searcher's devices
     self.ref_model_config = ref_model_config or sampler.model_config
     self.mailbox, self.stream = mailbox, stream
@@ -132,12 +155,16 @@ class Searcher:
     version, params = self.mailbox.get()  # newest weights; the old ones stay valid
     with self._commit:
       ids = self._in_flight = self.stream.take(self.num_prompts)
-      # A retried batch (after a restart) samples with the key of the batch it replaces.
+      # A retried batch (after a restart) samples with the key and temperature of the
+      # batch it replaces: both come from (seed, searcher, batch index), so a resumed
+      # searcher repeats the choices too.
       key = jax.random.fold_in(self.key, self.num_batches)
+      rng = np.random.default_rng([self.seed, self.id, self.num_batches])
+    temperature = self.explore.temperature(rng, self.sampler.options.temperature)
     # [P] prompts -> [P * S] rows, prompt-major: row r is prompt ids[r // S].
     rows = [i for i in ids for _ in range(self.num_samples)]
     prompts = [self.prompt_tokens[i] for i in rows]
-    out = self.sampler(params, prompts, key)
+    out = self.sampler(params, prompts, key, temperature=temperature)
     completions = [out.tokens[r, :out.lengths[r]] for r in range(len(rows))]
     eos = set(self.sampler.options.eos_ids)
     ended = np.array([c.size > 0 and int(c[-1]) in eos for c in completions])
@@ -151,7 +178,8 @@ class Searcher:
     entries = [Entry(prompt_id=i, prompt=prompts[r], completion=completions[r],
                      reward=float(rewards[r]), ref_logprobs=ref[r, :completions[r].size],
                      behaviour_logprobs=out.tempered_logprobs[r, :completions[r].size],
-                     version=version, searcher_id=self.id, ended_with_eos=bool(ended[r]))
+                     version=version, searcher_id=self.id, ended_with_eos=bool(ended[r]),
+                     temperature=temperature)
                for r, i in enumerate(rows)]
     with self._commit:  # a snapshot sees the whole batch, or its prompts in flight
       self.buffer.add_many(entries)

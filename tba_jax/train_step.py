@@ -60,30 +60,50 @@ class TrainState:
                              # float32 (master) or bfloat16
   opt_state: optax.OptState  # moments (float32, or bfloat16 with adamw_rounded), sharded like params
   step: jax.Array            # int32 scalar: updates taken so far
+  # LearnedLogZ: log Z per prompt id [P] (float32, replicated) and its optimizer's state;
+  # None with VarGrad's estimate.
+  log_z: jax.Array | None = None
+  log_z_opt_state: optax.OptState | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnedLogZ:
+  """TB with a learned log Z per prompt id instead of VarGrad's batch estimate.
+
+  A float32 table of `num_prompts` entries (prompt ids index it; 0 at the start)
+  trained with the policy, on the same loss, by its own `optimizer` (its gradient
+  is neither clipped with the policy's nor counted in grad_norm).
+  """
+  optimizer: optax.GradientTransformation
+  num_prompts: int
 
 
 # (policy per-token log-probs [N, Tc] float32, batch, beta) -> (loss, scalar metrics)
 LossFn = Callable[[jax.Array, TrainBatch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
-# 1-based trainer step u -> beta (losses.linear_beta / losses.constant_beta, bound)
+# 1-based trainer step u -> beta (losses.linear_beta / losses.constant_beta, bound); the same
+# shape for tb_loss's ref_weight
 BetaSchedule = Callable[[jax.Array], jax.Array]
 
 
 # ---------------------------------------------------------------------------
 # Loss functions with the LossFn signature.
 # ---------------------------------------------------------------------------
-def _sequence_loss(loss, token_logprobs, batch, beta, ratio_clip):
+def _sequence_loss(loss, token_logprobs, batch, beta, ratio_clip, **kw):
   """A sequence-level loss from losses.py on sums over completion_mask."""
   mask = batch.completion_mask
   return loss(losses.masked_sum(token_logprobs, mask), losses.masked_sum(batch.ref_logprobs, mask),
               batch.rewards, batch.group_ids, beta,
               behaviour_logprobs=losses.masked_sum(batch.behaviour_logprobs, mask),
-              ratio_clip=ratio_clip)
+              ratio_clip=ratio_clip, **kw)
 
 
 def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
-            ratio_clip: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """VarGrad TB on sequence sums over completion_mask (losses.trajectory_balance)."""
-  loss, aux = _sequence_loss(losses.trajectory_balance, token_logprobs, batch, beta, ratio_clip)
+            ratio_clip: float | None = None, ref_weight: jax.Array | float = 1.0,
+            log_z: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """VarGrad TB on sequence sums over completion_mask (losses.trajectory_balance);
+  `log_z` [N]: a learned log Z per row instead."""
+  loss, aux = _sequence_loss(losses.trajectory_balance, token_logprobs, batch, beta, ratio_clip,
+                             ref_weight=ref_weight, log_z=log_z)
   return loss, {"log_z_mean": jnp.mean(aux.log_z), "kl": aux.kl,
                 "ratio_weight_mean": jnp.mean(aux.weights)}
 
@@ -220,16 +240,23 @@ def _float32(tree):
 
 
 def state_shardings(model_config: ModelConfig, optimizer: optax.GradientTransformation,
-                    mesh: Mesh) -> TrainState:
+                    mesh: Mesh, learned_log_z: LearnedLogZ | None = None) -> TrainState:
   """TrainState of NamedShardings: the trained params (lora.trained) and every
-  param-shaped optimizer leaf FSDP-sharded on the trainer mesh, optimizer scalars
-  and the step replicated."""
+  param-shaped optimizer leaf FSDP-sharded on the trainer mesh, optimizer scalars,
+  the step and log Z replicated."""
   param_sh = lora.trained(model_config, sharding.param_shardings(model_config, "trainer", mesh))
   opt_shapes = jax.eval_shape(lambda p: optimizer.init(_float32(p)),
                               lora.trained(model_config, model.param_shapes(model_config)))
   opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, opt_shapes, param_sh,
                                  transform_non_params=lambda _: sharding.replicated(mesh))
-  return TrainState(params=param_sh, opt_state=opt_sh, step=sharding.replicated(mesh))
+  replicated = sharding.replicated(mesh)
+  log_z = log_z_opt = None
+  if learned_log_z is not None:
+    log_z = replicated
+    log_z_opt = jax.tree.map(lambda _: replicated, jax.eval_shape(
+        learned_log_z.optimizer.init, jnp.zeros(learned_log_z.num_prompts, jnp.float32)))
+  return TrainState(params=param_sh, opt_state=opt_sh, step=replicated, log_z=log_z,
+                    log_z_opt_state=log_z_opt)
 
 
 def batch_shardings(mesh: Mesh) -> TrainBatch:
@@ -240,19 +267,24 @@ def batch_shardings(mesh: Mesh) -> TrainBatch:
 
 
 def init_state(params: Params, optimizer: optax.GradientTransformation,
-               shardings: TrainState) -> TrainState:
+               shardings: TrainState, learned_log_z: LearnedLogZ | None = None) -> TrainState:
   """A fresh TrainState on `shardings` (from state_shardings); step 0.
 
-  `params`: the trained parameters (lora.trained: with LoRA, the adapters). They are copied, so the caller's arrays survive the donation of the
-  state by the first update. The optimizer decides its moments' dtype (float32
+  `params`: the trained parameters (lora.trained: with LoRA, the adapters). They
+  are copied, so the caller's arrays survive the donation of the state by the
+  first update. The optimizer decides its moments' dtype (float32
   even for bfloat16 params, unless it is adamw_rounded; module docstring).
   """
   params = jax.device_put(params, shardings.params)
 
   def init(params):
+    log_z = log_z_opt = None
+    if learned_log_z is not None:
+      log_z = jnp.zeros(learned_log_z.num_prompts, jnp.float32)
+      log_z_opt = learned_log_z.optimizer.init(log_z)
     return TrainState(params=jax.tree.map(jnp.copy, params),
                       opt_state=optimizer.init(_float32(params)),
-                      step=jnp.zeros((), jnp.int32))
+                      step=jnp.zeros((), jnp.int32), log_z=log_z, log_z_opt_state=log_z_opt)
 
   return jax.jit(init, out_shardings=shardings)(params)
 
@@ -300,7 +332,9 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
                 loss_fn: LossFn, beta_schedule: BetaSchedule, mesh: Mesh, *,
                 temperature: float, compute_dtype: str = "float32",
                 num_microbatches: int = 1, remat: bool = False,
-                lr_schedule: optax.ScalarOrSchedule | None = None
+                lr_schedule: optax.ScalarOrSchedule | None = None,
+                ref_weight_schedule: BetaSchedule | None = None,
+                learned_log_z: LearnedLogZ | None = None
                 ) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict[str, jax.Array]]]:
   """The jitted `update(state, batch) -> (state, metrics)` on the trainer `mesh`.
 
@@ -320,11 +354,17 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
 
   With LoRA the program is `update(state, batch, base)`: `base` the frozen weights
   (lora.frozen; on their trainer shardings), differentiated through but not trained.
+  `ref_weight_schedule(u)`, when given, is passed to the loss as `ref_weight`
+  (tb_loss: the tempered target of losses.py) and reported as "ref_weight".
+  With `learned_log_z` (init_state and state_shardings given the same) the loss
+  gets each row's entry of the state's log Z table as `log_z`, and the table
+  trains alongside the params.
   """
   compute_config = model_config.replace(dtype=compute_dtype)
-  state_sh = state_shardings(model_config, optimizer, mesh)
+  state_sh = state_shardings(model_config, optimizer, mesh, learned_log_z)
 
-  def objective(params, frozen, batch, beta):
+  def objective(trainable, frozen, batch, beta, extra):
+    params, log_z = trainable  # log_z: None (VarGrad) or the learned table
     # Master weights: the cast is part of the differentiated function, so the
     # gradient w.r.t. float32 params comes back in float32. (A frozen base already
     # in the compute dtype is not cast: astype to the same dtype is no copy.)
@@ -333,27 +373,32 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     token_lp = completion_token_logprobs(compute_config, params, batch.tokens,
                                          batch.attention_mask, batch.completion_mask.shape[1],
                                          temperature, remat)
-    return loss_fn(token_lp, batch, beta)
+    if log_z is not None:
+      extra = {**extra, "log_z": log_z[batch.group_ids]}
+    return loss_fn(token_lp, batch, beta, **extra)
 
   grad_fn = jax.value_and_grad(objective, has_aux=True)
 
   def update_with(state: TrainState, batch: TrainBatch, frozen: Params):
     beta = beta_schedule(state.step + 1)
+    extra = {} if ref_weight_schedule is None else {"ref_weight":
+                                                    ref_weight_schedule(state.step + 1)}
+    trainable = (state.params, state.log_z)
     if num_microbatches == 1:
-      (loss, aux), grads = grad_fn(state.params, frozen, batch, beta)
+      (loss, aux), (grads, log_z_grad) = grad_fn(trainable, frozen, batch, beta, extra)
       grads = _float32(grads)
     else:
       micro = _group_sorted_microbatches(batch, num_microbatches, mesh)
 
       def accumulate(grad_sum, micro_batch):
-        (loss, aux), grads = grad_fn(state.params, frozen, micro_batch, beta)
+        (loss, aux), grads = grad_fn(trainable, frozen, micro_batch, beta, extra)
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
-        grad_sum = jax.lax.with_sharding_constraint(grad_sum, state_sh.params)
+        grad_sum = (jax.lax.with_sharding_constraint(grad_sum[0], state_sh.params), grad_sum[1])
         return grad_sum, (loss, aux)
 
-      zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+      zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
       grad_sum, (loss, aux) = jax.lax.scan(accumulate, zeros, micro)
-      grads = jax.tree.map(lambda g: g / num_microbatches, grad_sum)
+      grads, log_z_grad = jax.tree.map(lambda g: g / num_microbatches, grad_sum)
       loss, aux = jnp.mean(loss), jax.tree.map(jnp.mean, aux)
 
     # The optimizer sees float32 params and gradients (bfloat16 ones convert exactly);
@@ -365,12 +410,17 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
         "reward_mean": jnp.mean(batch.rewards),
         "num_tokens": jnp.sum(batch.attention_mask),
         "completion_tokens": jnp.sum(batch.completion_mask),
-        **aux,
+        **aux, **extra,
     }
     if lr_schedule is not None:
       lr = lr_schedule(state.step + 1) if callable(lr_schedule) else lr_schedule
       metrics["lr"] = jnp.asarray(lr, jnp.float32)
-    return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+    log_z, log_z_opt = state.log_z, state.log_z_opt_state
+    if learned_log_z is not None:
+      z_updates, log_z_opt = learned_log_z.optimizer.update(log_z_grad, log_z_opt, log_z)
+      log_z = optax.apply_updates(log_z, z_updates)
+    return TrainState(params=params, opt_state=opt_state, step=state.step + 1, log_z=log_z,
+                      log_z_opt_state=log_z_opt), metrics
 
   out_sh = (state_sh, sharding.replicated(mesh))
   if model_config.lora is None:  # nothing frozen: the two-argument program

@@ -20,8 +20,31 @@ def _config(**values):
 
 
 def test_every_variant_passes():
+  from configs import redteam as redteam_config
   for variant in gsm8k_config.VARIANTS:
     config_checks.validate(gsm8k_config.get_config(variant))
+  for variant in redteam_config.VARIANTS:
+    config_checks.validate(redteam_config.get_config(variant))
+
+
+def test_red_teaming_settings_are_checked():
+  from configs import redteam as redteam_config
+  c = redteam_config.get_config("tiny")
+  c.unlock()
+  c.task.redteam.judge = "perspective"
+  c.buffer.num_prompts = 2
+  c.sampler.min_new_tokens = c.sampler.max_new_tokens
+  c.sampler.explore_low = 3.0
+  c.loss.update(name="grpo", log_z="learned")
+  with pytest.raises(ConfigError) as e:
+    config_checks.validate(c)
+  assert str(e.value).splitlines()[1:] == [
+      "  sampler.explore_low=3.0: must be <= sampler.explore_high=2.0",
+      "  sampler.min_new_tokens=8: must be < sampler.max_new_tokens=8 with end_with_eos",
+      "  loss.log_z='learned': only with loss.name='tb' (not 'grpo')",
+      "  task.redteam.judge='perspective': must be one of ('classifier', 'llama_guard')",
+      "  buffer.num_prompts: must be 1 for red-teaming (one attack prompt; a batch is one slot "
+      "of buffer.samples_per_prompt attacks)"]
 
 
 @pytest.mark.parametrize("key", sorted(config_checks.CHOICES))

@@ -40,13 +40,14 @@ def _assert_same(got, want):
     (4, dict(temperature=0.8)),
     (4, dict(temperature=1.2, top_k=20, top_p=0.9)),
     (1, dict(temperature=0.8)),
-], ids=["greedy", "sampled", "top_k_top_p", "one_slot"])
+    (4, dict(temperature=0.8, min_new_tokens=4, end_with_eos=True)),
+], ids=["greedy", "sampled", "top_k_top_p", "one_slot", "min_tokens_end_with_eos"])
 def test_outputs_with_num_slots_equal_static_on_a_ragged_batch(tiny_cfg, num_slots, kw):
   params, prompts = _ragged(tiny_cfg)
   options = dict(max_new_tokens=24, eos_ids=EOS, pad_id=0, **kw)
   want = sampler.Sampler(tiny_cfg, **options)(params, prompts, jax.random.key(7))
   # Rows end at very different lengths, some on EOS, some at the limit.
-  assert want.lengths.min() <= 3 and want.lengths.max() == 24
+  assert want.lengths.min() <= kw.get("min_new_tokens", 2) + 1 and want.lengths.max() == 24
   assert 0 < (want.lengths == 24).sum() < len(prompts)
   # Windows of 8 slots: rows run under several window sizes (the cache has 36).
   s = sampler.Sampler(tiny_cfg, num_slots=num_slots, window_step=8, chunk_steps=6, **options)
@@ -97,6 +98,28 @@ def test_refills_keep_at_most_num_slots_in_flight_and_share_prompt_prefills(tiny
   for r, c in got.items():
     np.testing.assert_array_equal(c.tokens, want.tokens[r, :want.lengths[r]])
   assert len({tuple(c.tokens) for c in got.values()}) > 5  # samples of a prompt differ
+
+
+def test_rows_at_their_own_temperatures_equal_static_calls_at_each(tiny_cfg):
+  """Red-teaming's searchers draw a temperature per batch: rows of two batches, queued
+  at two temperatures, share the pool (one compiled program) and each equals a static
+  call at its own temperature."""
+  params, prompts = _ragged(tiny_cfg)
+  kw = dict(max_new_tokens=16, eos_ids=EOS, pad_id=0)
+  s = sampler.Sampler(tiny_cfg, num_slots=4, chunk_steps=8, **kw)
+  stream = s.stream(params, jax.random.key(5), max_prompt_len=12)
+  stream.add(prompts[:6], range(6), temperature=0.5)
+  stream.add(prompts[6:], range(6, 12), temperature=2.0)
+  got, _ = _run_stream(stream)
+  static = sampler.Sampler(tiny_cfg, **kw)
+  low = static(params, prompts, jax.random.key(5), temperature=0.5)
+  high = static(params, prompts, jax.random.key(5), temperature=2.0)
+  for r, c in got.items():
+    want = low if r < 6 else high
+    np.testing.assert_array_equal(c.tokens, want.tokens[r, :want.lengths[r]])
+    np.testing.assert_allclose(c.tempered_logprobs, want.tempered_logprobs[r, :want.lengths[r]],
+                               atol=2e-5)
+  assert any(not np.array_equal(low.tokens[r], high.tokens[r]) for r in range(6, 12))
 
 
 def test_rows_fed_while_the_stream_runs_equal_static(tiny_cfg):

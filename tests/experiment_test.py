@@ -1,5 +1,5 @@
-"""`python -m experiments.gsm8k` end to end: kill and lossless resume, SIGTERM, config errors,
-plots.
+"""`python -m experiments.gsm8k` / `redteam` end to end: kill and lossless resume, SIGTERM,
+config errors, plots.
 
 The tiny config's plain run is README's smoke command (readme_test.py)."""
 import json
@@ -18,8 +18,9 @@ from tba_jax.metrics import read_jsonl
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _command(workdir, arg):
-  return [sys.executable, "-m", "experiments.gsm8k", f"--config=configs/gsm8k.py:{arg}",
+def _command(workdir, arg, experiment="gsm8k"):
+  return [sys.executable, "-m", f"experiments.{experiment}",
+          f"--config=configs/{experiment}.py:{arg}",
           f"--workdir={workdir}", f"--compilation_cache={os.path.expanduser('~/.cache/tba_jax_test_xla')}"]
 
 
@@ -30,9 +31,9 @@ def _env():
   return env
 
 
-def _start(workdir, arg):
-  return subprocess.Popen(_command(workdir, arg), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+def _start(workdir, arg, experiment="gsm8k"):
+  return subprocess.Popen(_command(workdir, arg, experiment), cwd=ROOT, env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _steps(workdir):
@@ -104,6 +105,48 @@ def test_a_run_killed_after_a_checkpoint_resumes_with_every_entry_and_no_prompt_
   assert taken == stream.take(len(taken))
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   assert [r["step"] for r in rows if "loss" in r] == list(range(1, 9))
+
+
+def test_redteam_tiny_runs_async_to_the_end_with_evaluations_and_an_export(tmp_path):
+  workdir = str(tmp_path)
+  out = subprocess.run(_command(workdir, "tiny", "redteam"), cwd=ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+  assert "mode      async" in out.stdout  # 2 CPU devices: 1 trainer + 1 searcher
+  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  evals = {r["step"]: r for r in rows if "eval/attack_success_rate" in r}
+  assert sorted(evals) == [0, 6]  # before and after training
+  for r in evals.values():
+    assert 0 <= r["eval/attack_success_rate"] <= 1 and 0 <= r["eval/toxicity"] <= 1
+    assert -1 <= r["eval/diversity"] <= 2
+  train = [r for r in rows if "loss" in r]
+  assert [r["step"] for r in train] == list(range(1, 7))
+  # The tempered target's reference weight 1 / (gamma tau) and beta tau at steps 1 and 6
+  # (tiny: tau 2 -> 1 and gamma 1 -> 1.2 over 4 steps; beta 0.05).
+  assert train[0]["ref_weight"] == pytest.approx(1 / (1.05 * 1.75), rel=1e-5)
+  assert train[0]["beta"] == pytest.approx(0.05 * 1.75, rel=1e-5)
+  assert train[-1]["ref_weight"] == pytest.approx(1 / 1.2, rel=1e-5)
+  # freeze_step 4: the buffer stops growing there.
+  sizes = [r["buffer_entries"] for r in train]
+  assert sizes[4:] == [sizes[3]] * 2 and sizes[3] <= 64
+  assert os.path.exists(os.path.join(workdir, "export", "config.json"))
+  assert "Finished at step 6: eval/attack_success_rate" in out.stdout
+
+
+def test_redteam_sigkill_mid_run_then_rerun_resumes_to_the_final_step(tmp_path):
+  workdir = str(tmp_path)
+  arg = "tiny,num_train_steps=12,checkpoint.every=3"
+  run = lambda extra: subprocess.run(_command(workdir, arg + extra, "redteam"), cwd=ROOT,
+                                     env=_env(), capture_output=True, text=True, timeout=600)
+  killed = run(",fault.stop_at_step=7")  # SIGKILL after step 7's update
+  assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
+  assert _steps(workdir) == [3, 6]
+  out = run("")
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+  assert any(line.startswith("Resumed from step 6 (") for line in out.stdout.splitlines())
+  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in rows if "loss" in r] == list(range(1, 13))
+  assert [r["step"] for r in rows if "eval/diversity" in r] == [0, 12]
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):

@@ -224,27 +224,31 @@ _COMPARED = ("loss", "reward_mean", "kl", "staleness_mean", "staleness_max", "st
              "searcher_samples", "fraction_from_latest", "buffer_entries")
 
 
-def _alternate(num_train_steps):
+def _alternate(num_train_steps, log_z="vargrad"):
   return tiny_config(num_train_steps=num_train_steps, mesh=dict(num_devices=2),
                      sync=dict(mode="alternate", every=2), checkpoint=dict(every=100),
-                     buffer=dict(prefill=8))
+                     buffer=dict(prefill=8), loss=dict(log_z=log_z))
 
 
 def _train_rows(workdir):
   return [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "loss" in r]
 
 
-def test_a_resumed_alternate_run_repeats_the_uninterrupted_one(tmp_path):
+@pytest.mark.parametrize("log_z", ["vargrad", "learned"])
+def test_a_resumed_alternate_run_repeats_the_uninterrupted_one(tmp_path, log_z):
   whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
-  loop.run(_alternate(8), whole, task=toy_task(_alternate(8)))
+  loop.run(_alternate(8, log_z), whole, task=toy_task(_alternate(8)))
   # Stopped at step 4 (a sync step: the resumed run's first step has a search round), then
   # resumed with a raised num_train_steps.
-  loop.run(_alternate(4), parts, task=toy_task(_alternate(4)))
-  assert loop.run(_alternate(8), parts, task=toy_task(_alternate(8)))["step"] == 8
+  loop.run(_alternate(4, log_z), parts, task=toy_task(_alternate(4)))
+  assert loop.run(_alternate(8, log_z), parts, task=toy_task(_alternate(8)))["step"] == 8
   want, got = _train_rows(whole), _train_rows(parts)
   assert [r["step"] for r in got] == list(range(1, 9))
-  for a, b in zip(want[4:], got[4:]):
-    assert {k: a[k] for k in _COMPARED} == {k: b[k] for k in _COMPARED}, a["step"]
+  for a, b in zip(want[4:], got[4:]):  # with a learned log Z, its value was saved too
+    assert {k: a[k] for k in _COMPARED + ("log_z_mean",)} == \
+        {k: b[k] for k in _COMPARED + ("log_z_mean",)}, a["step"]
+  if log_z == "learned":  # the table learns from 0
+    assert want[0]["log_z_mean"] == 0.0 and want[-1]["log_z_mean"] != 0.0
   # Wall-clock continues across the resume (the checkpoint holds the elapsed time).
   rows = read_jsonl(os.path.join(parts, "metrics.jsonl"))
   assert [r["step"] for r in rows] == list(range(9))

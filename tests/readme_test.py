@@ -81,12 +81,17 @@ def test_override_example_takes_effect_in_the_variant_it_is_shown_with():
       "0.02 at every step (tb)"
 
 
-@pytest.mark.parametrize("args", [[], ["--tldr"]])
+REDTEAM = ["redteam:gpt2", "redteam:llama", "redteam:gpt2,model.lora.rank=0",
+           "redteam:llama,model.lora.rank=0"]
+
+
+@pytest.mark.parametrize("args", [[], ["--tldr"], REDTEAM], ids=["gsm8k", "tldr", "redteam"])
 def test_memory_table_is_what_the_documented_command_prints(args):
   out = subprocess.run([sys.executable, "-m", "benchmarks.memory", *args], cwd=ROOT, env=_env(),
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
-  assert " ".join(["python -m benchmarks.memory", *args]) in _readme()
+  command = " ".join(["python -m benchmarks.memory", *args])
+  assert command + "`" in " ".join(_readme().split())  # documented as it is run
   assert out.stdout.strip() in _readme()
 
 

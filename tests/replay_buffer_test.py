@@ -14,14 +14,16 @@ from tba_jax.replay_buffer import ReplayBuffer
 SIZES = dict(max_prompt_len=6, max_completion_len=8, pad_id=0)
 
 
-def make_entry(pid, completion, reward=0.0, version=0, eos=True, prompt=None, searcher=0):
+def make_entry(pid, completion, reward=0.0, version=0, eos=True, prompt=None, searcher=0,
+               temperature=1.0, ref=None):
   completion = np.asarray(completion, np.int32)
   n = completion.size
+  ref = -0.1 * np.arange(1, n + 1, dtype=np.float32) if ref is None else np.full(n, ref / n)
   return Entry(prompt_id=pid, prompt=np.array(prompt if prompt is not None else [100 + pid, 7]),
-               completion=completion, reward=reward,
-               ref_logprobs=-0.1 * np.arange(1, n + 1, dtype=np.float32),
+               completion=completion, reward=reward, ref_logprobs=ref,
                behaviour_logprobs=-0.2 * np.arange(1, n + 1, dtype=np.float32),
-               version=version, searcher_id=searcher, ended_with_eos=eos)
+               version=version, searcher_id=searcher, ended_with_eos=eos,
+               temperature=temperature)
 
 
 def fill(buf, pid, n, version=0, rewards=None, start=10):
@@ -37,7 +39,7 @@ def binomial_ok(successes, n, p, sds=5.0):
 def assert_same_entries(a, b):
   assert len(a) == len(b)
   for x, y in zip(a, b):
-    for f in ("prompt_id", "reward", "version", "searcher_id", "ended_with_eos"):
+    for f in ("prompt_id", "reward", "version", "searcher_id", "ended_with_eos", "temperature"):
       assert getattr(x, f) == getattr(y, f), f
     for f in ("prompt", "completion", "ref_logprobs", "behaviour_logprobs"):
       np.testing.assert_array_equal(getattr(x, f), getattr(y, f))
@@ -487,7 +489,7 @@ def test_state_dict_restores_exactly_and_reproduces_future_samples():
 
 
 def test_pack_unpack_round_trips_with_padding_rows():
-  entries = [make_entry(4, [3, 2], 0.25, 7, True, prompt=[1, 2, 3], searcher=2),
+  entries = [make_entry(4, [3, 2], 0.25, 7, True, prompt=[1, 2, 3], searcher=2, temperature=1.5),
              make_entry(9, [5, 6, 7, 8], -1.5, 8, False, prompt=[4], searcher=1),
              make_entry(4, [2], 1.0, 9, True, prompt=[1, 2, 3])]
   arrays = entries_lib.pack(entries, max_prompt_len=3, max_completion_len=4, num_rows=5)
@@ -523,3 +525,94 @@ def test_merging_the_same_entries_in_the_same_order_gives_identical_buffers():
   # The cap keeps the last 12 merged: prompt 4's two and prompts 5..9; prompts 0..3 lost all
   # their entries, so they are forgotten and are not latest.
   assert len(globals_[0]) == 12 and globals_[0].stats()["num_latest"] == 6
+
+
+# -----------------------------------------------------------------------------
+# Red-teaming's buffer: priorities, a frozen size, near duplicates
+# -----------------------------------------------------------------------------
+def test_log_target_priority_draws_by_softmax_of_ref_logprob_plus_reward_over_beta():
+  beta = 0.5
+  rewards, refs = np.array([-1.0, -0.2, -3.0]), np.array([-4.0, -9.0, -1.0])
+  buf = ReplayBuffer(max_per_prompt=10, priority="log_target", priority_beta=beta, seed=3)
+  buf.add_many([make_entry(0, [10 + j, 2], rewards[j], ref=refs[j]) for j in range(3)])
+  counts, n = np.zeros(3), 3000
+  for _ in range(n):
+    batch, _ = buf.sample(1, 1, 0.0, reward_weight=1.0, **SIZES)
+    counts[batch.tokens[0, SIZES["max_prompt_len"]] - 10] += 1
+  scores = refs + rewards / beta  # -6, -9.4, -7
+  p = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+  assert all(binomial_ok(c, n, q) for c, q in zip(counts, p)), (counts / n, p)
+  # On the reward alone the last entry would be the rarest, not the second.
+  by_reward = ReplayBuffer(max_per_prompt=10, seed=3)
+  by_reward.add_many(buf.entries())
+  assert by_reward._score(buf.entries()[2]) < by_reward._score(buf.entries()[1])
+
+
+def test_freeze_size_caps_the_buffer_evicting_the_oldest_and_survives_a_restore():
+  buf = ReplayBuffer(max_per_prompt=100, max_entries=10, eviction="oldest")
+  fill(buf, 0, 6)
+  assert buf.freeze_size() == 6
+  fill(buf, 0, 3, start=30)
+  assert len(buf) == 6 and [e.completion[0] for e in buf.entries()] == [13, 14, 15, 30, 31, 32]
+  restored = ReplayBuffer(max_per_prompt=100, max_entries=10, eviction="oldest")
+  restored.load_state_dict(buf.state_dict())
+  fill(restored, 0, 2, start=40)
+  assert len(restored) == 6 and restored.entries()[0].completion[0] == 15
+  # A full buffer keeps its cap; an uncapped one gets its size.
+  full = ReplayBuffer(max_entries=4)
+  fill(full, 0, 9)
+  assert full.freeze_size() == 4
+  lowest = ReplayBuffer(eviction="lowest_reward")
+  fill(lowest, 0, 3, rewards=[2.0, 0.0, 1.0])
+  lowest.freeze_size()
+  lowest.add(make_entry(0, [40, 2], reward=5.0))
+  assert sorted(e.reward for e in lowest.entries()) == [1.0, 2.0, 5.0]
+
+
+def test_states_saved_before_temperature_and_the_cap_existed_still_load():
+  buf = ReplayBuffer(max_entries=8)
+  buf.add_many([make_entry(0, [10, 2], 1.0, temperature=0.6), make_entry(1, [11, 2], 2.0)])
+  state = buf.state_dict()
+  names = [n for n in rb._STATE_ARRAYS]
+  keep = [i for i, n in enumerate(names) if n != "temperature"]
+  old = {k: v for k, v in state.items() if k not in ("temperature", "max_entries")}
+  old["sizes"] = state["sizes"][keep]
+  restored = ReplayBuffer(max_entries=8)
+  restored.load_state_dict(old)
+  assert [e.reward for e in restored.entries()] == [1.0, 2.0]
+  assert [e.temperature for e in restored.entries()] == [1.0, 1.0]  # the default
+  assert restored.max_entries == 8
+
+
+def _levenshtein(a, b):
+  d = list(range(len(b) + 1))
+  for i, x in enumerate(a, 1):
+    prev, d[0] = d[0], i
+    for j, y in enumerate(b, 1):
+      prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (x != y))
+  return d[-1]
+
+
+def test_edit_distances_match_the_textbook_recurrence():
+  rng = np.random.default_rng(0)
+  ys = [rng.integers(0, 4, rng.integers(0, 9)) for _ in range(200)]
+  lengths = np.array([y.size for y in ys])
+  padded = np.full((len(ys), 8), -1)
+  for i, y in enumerate(ys):
+    padded[i, :y.size] = y
+  for x in (rng.integers(0, 4, n) for n in (0, 1, 5, 9)):
+    np.testing.assert_array_equal(rb.edit_distances(x, padded, lengths),
+                                  [_levenshtein(list(x), list(y)) for y in ys])
+
+
+def test_near_duplicates_keep_the_higher_priority_one():
+  buf = ReplayBuffer(max_per_prompt=100, near_duplicate=0.25)
+  buf.add(make_entry(0, [10, 11, 12, 13, 2], reward=-1.0))
+  # One substitution in 4 + 4 tokens (EOS left out): 1 < 0.25 x 8, a near duplicate.
+  buf.add(make_entry(0, [10, 11, 99, 13, 2], reward=-2.0))  # lower: dropped
+  assert [e.reward for e in buf.entries()] == [-1.0] and buf.stats()["num_near_duplicates"] == 1
+  buf.add(make_entry(0, [10, 11, 99, 13, 2], reward=-0.5))  # higher: replaces it
+  assert [e.completion.tolist() for e in buf.entries()] == [[10, 11, 99, 13, 2]]
+  buf.add(make_entry(0, [10, 98, 97, 13, 2], reward=-3.0))  # two edits: 2 >= 2, kept
+  buf.add(make_entry(1, [10, 11, 99, 13, 2], reward=-9.0))  # another prompt: kept
+  assert len(buf) == 3

@@ -323,6 +323,55 @@ def test_decode_compiles_once_per_bucket(tiny_cfg, monkeypatch):
     s(params, _random_prompts(rng, [40]), jax.random.key(1))
 
 
+def test_a_call_temperature_reuses_the_programs_and_samples_at_that_temperature(tiny_cfg,
+                                                                              monkeypatch):
+  traces = []
+  monkeypatch.setattr(sampler, "prefill", lambda *a, **k: traces.append(1) or _PREFILL(*a, **k))
+  params = _peaked_params(tiny_cfg, seed=8)
+  prompts = _random_prompts(np.random.default_rng(6), [4, 7, 2])
+  # max_new_tokens=7 is used by no other test, so no earlier program is reused.
+  s = sampler.Sampler(tiny_cfg, max_new_tokens=7, temperature=1.0, eos_ids=[3])
+  for temperature in (0.5, 1.0, 2.5):
+    out = s(params, prompts, jax.random.key(0), temperature=temperature)
+    real = np.arange(7)[None] < out.lengths[:, None]
+    scaled = _teacher_forced_logits(tiny_cfg, params, prompts, out.tokens, out.lengths)
+    want = np.take_along_axis(_log_softmax(scaled / temperature), out.tokens[..., None], -1)[..., 0]
+    np.testing.assert_allclose(out.tempered_logprobs[real], want[real], atol=1e-5, rtol=0)
+  assert len(traces) == 1  # one prefill program for the three temperatures
+  with pytest.raises(ValueError, match="temperature"):
+    s(params, prompts, jax.random.key(0), temperature=0.0)
+
+
+_PREFILL = sampler.prefill
+
+
+def test_min_new_tokens_masks_eos_and_end_with_eos_puts_it_last():
+  # A fake model that always prefers EOS (token 13) and never emits token 14 by itself.
+  logits = np.linspace(0.0, 1.0, 16).astype(np.float32)
+  logits[13], logits[14] = 8.0, -30.0
+  rows, n = 400, 6
+  prompt = np.ones((rows, 1), np.int32)
+  base = dict(max_new_tokens=n, temperature=1.0, eos_ids=(13, 14), pad_id=15)
+  out = _run_core(_fixed_logits_fn(jnp.asarray(logits)), prompt, prompt,
+                  sampler.SamplingOptions(**base, min_new_tokens=4), None)
+  # EOS is likely at every step, so rows end right after the masked steps.
+  assert out.lengths.min() == 5 and (out.lengths == 5).mean() > 0.9
+  assert not np.isin(out.tokens[:, :4], (13, 14)).any()
+  # The masked distribution is the one sampled from (and logged).
+  no_eos = logits.astype(np.float64)
+  no_eos[[13, 14]] = -np.inf
+  np.testing.assert_allclose(out.tempered_logprobs[:, :4], _log_softmax(no_eos)[out.tokens[:, :4]],
+                             atol=1e-5)
+  # end_with_eos: EOS masked everywhere but the last column, which holds eos_ids[0].
+  out = _run_core(_fixed_logits_fn(jnp.asarray(logits)), prompt, prompt,
+                  sampler.SamplingOptions(**base, min_new_tokens=n - 1, end_with_eos=True), None)
+  np.testing.assert_array_equal(out.lengths, n)
+  np.testing.assert_array_equal(out.tokens[:, -1], 13)
+  np.testing.assert_array_equal(out.tempered_logprobs[:, -1], 0.0)  # the only token allowed
+  with pytest.raises(ValueError, match="no column"):
+    sampler.SamplingOptions(**base, min_new_tokens=n, end_with_eos=True)
+
+
 def test_bad_arguments_are_refused(tiny_cfg):
   params = model.init_params(tiny_cfg)
   with pytest.raises(ValueError, match="temperature"):

@@ -355,3 +355,28 @@ def test_update_u_applies_and_reports_lr_of_u(tiny_cfg):
                   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(before)))
       assert moved == pytest.approx(reported[0], rel=1e-3)
   assert reported == pytest.approx([0.25e-3, 0.5e-3])
+
+
+def test_a_learned_log_z_descends_to_each_prompts_vargrad_value(tiny_cfg):
+  """loss.log_z="learned": with the policy frozen, TB's gradient in log Z(x) is
+  2 (log Z(x) + mean_j d_j) n_x / N, so plain SGD drives each prompt's entry of the table
+  to its minimiser, -mean_j d_j: VarGrad's estimate for that prompt."""
+  params, ref_params = np_params(tiny_cfg, 0), np_params(tiny_cfg, 1)
+  ids = np.array([1, 0, 1, 1, 0, 1, 0, 1])  # prompt 0: 3 rows, prompt 1: 5
+  batch = make_batch(tiny_cfg, 3, ids, ref_params)
+  _, want = losses.trajectory_balance(
+      jnp.sum(token_logprobs(tiny_cfg, params, batch) * batch.completion_mask, -1),
+      jnp.sum(batch.ref_logprobs, -1), batch.rewards, batch.group_ids, BETA)
+  mesh = mesh_of(2)
+  learned = ts.LearnedLogZ(optax.sgd(0.4), num_prompts=3)  # id 2 never trains
+  optimizer = optax.sgd(0.0)
+  update = ts.make_update(tiny_cfg, optimizer, ts.tb_loss, SCHEDULES["constant"], mesh,
+                          temperature=TEMPERATURE, learned_log_z=learned)
+  state = ts.init_state(params, optimizer, ts.state_shardings(tiny_cfg, optimizer, mesh, learned),
+                        learned)
+  for _ in range(60):
+    state, metrics = update(state, batch)
+  vargrad = {int(i): float(z) for i, z in zip(ids, np.asarray(want.log_z))}
+  np.testing.assert_allclose(np.asarray(state.log_z), [vargrad[0], vargrad[1], 0.0], rtol=1e-4)
+  assert metrics["log_z_mean"] == pytest.approx(np.mean([vargrad[i] for i in ids]), rel=1e-4)
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, state.params), params)

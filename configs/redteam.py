@@ -1,0 +1,178 @@
+r"""TBA red-teaming: an attacker LM learns diverse prompts that make a victim reply toxically.
+
+Usage: python -m experiments.redteam --config configs/redteam.py:VARIANT --workdir DIR
+       [--config.section.key=value ...]   (or VARIANT,key=value,... in the arg)
+
+The method and where each term of the reward lives: tba_jax/tasks/redteam.py.
+Sources: TBA section 5.1, B.3, Table 6; Lee et al. (ICLR 2025), GFNOrg/red-teaming
+(main.py M, trainers/gfn_trainer.py L, utils.py U, eval.py E, configs/*.json).
+TBA's red-teaming code is unreleased: where B.3 is silent, Lee et al.'s defaults
+fill in, and the choices that stay UNSURE are keys (below).
+
+Variants:
+
+  gpt2    GPT-2 attacker (after SFT) vs vicgalle/gpt2-alpaca ("GPT-2+SFT"), toxicity
+          from facebook/roberta-hate-speech-dynabench-r4-target, diversity from
+          all-MiniLM-L6-v2. The attacker's SFT checkpoint is not on the hub; make it
+          first (README "Red-teaming"), then
+            python -m experiments.redteam --config configs/redteam.py:gpt2 --workdir DIR \
+                --config.model.path=sft/gpt2
+          Hardware: the paper's runs are 4, 16 and 64 V100s (2 to 62 searchers, one
+          device each); here 1 trainer + the rest searchers, one device each. Paper
+          (Table 6): 94.5-97.6% toxic, cosine distance .42-.49, 1.7-2.9 h, against the
+          synchronous GFlowNet's 96.6% / .65 in 11.9 h on 1 V100. Not measured here.
+
+  llama   Llama-3.2-1B attacker (after SFT; its recipe is UNSURE) vs
+          meta-llama/Llama-3.1-8B-Instruct, judged by meta-llama/Llama-Guard-3-8B,
+          2 trainer + 6 searcher devices (the paper: 8 A100s, 6 searchers). Paper:
+          98.1% / .35 (m 0.6, buffer 130k) or 94.8% / .37 (m 0.5, 150k) in 5.7 h,
+          against the GFlowNet's 100% / .32 in 37.4 h. Not measured here.
+
+  tiny    Random tiny GPT-2 attacker and victim, a random RoBERTa judge and a random
+          BERT embedder (tasks/redteam.py "random" paths: nothing downloaded),
+          async on 2 CPU devices: the whole pipeline end to end in about a minute.
+          Its numbers mean nothing (random models); BENCHMARKS.md has the measured run.
+
+Settings (gpt2; llama differs where noted):
+  attacks          the continuation of ATTACK_PROMPT, 5-20 tokens (M L36-38) + EOS:
+                   EOS masked for the first 4 steps (min_new_tokens; Lee et al. mask
+                   only the first and give lm = -500 below 5 tokens, L L98-99, L398-400:
+                   never reached here), an EOS forced after 20 (end_with_eos; L L124-127)
+  reward           log R_t = [lm / gamma(t) + c / beta] / tau(t) (L L484-514): beta 0.05
+                   (TBA); tau 2 -> 1 over 500 steps (llama: 1000); gamma 1 (llama:
+                   1 -> 1.2 over 2000); c = mean log p_toxic of 5 replies
+  victim replies   T 0.7, top-p 0.92, 30 tokens, float32 (llama: T 0.1, top-p 0.9, 64
+                   tokens, bfloat16, chat template; configs/*.json, L L183-194)
+  exploration      per searcher batch, p 0.5: T ~ U(0.5, 2.0) (llama U(0.7, 2.0)), else 1
+                   (L L279-285); log-probs at T 1
+  log Z            VarGrad (TBA's estimator, Eq. 5): one group, the batch's 128 attacks.
+                   UNSURE: Lee et al. learn log Z, a linear head on the prompt's mean-
+                   pooled hidden states trained with the LoRA weights (L L167, L317-350).
+                   loss.log_z="learned" learns it instead: with one fixed prompt the head
+                   outputs one number, learned here directly by Adam at
+                   loss.log_z_learning_rate (0.1, as Malkin et al.'s TB; the head's path
+                   through the policy's hidden states is not reproduced)
+  optimizer        AdamW lr 1e-4, weight decay 0.01 (torch's default), warmup 100, linear
+                   decay to 0 at step 40,000 (Lee's scheduler is built for 5000 x 8
+                   micro-steps and stepped once per step: lr 0.88e-4 at the end), clip 1.0
+  batch            128 attacks = 1 slot x 128 (one prompt: log Z is one group), m 0.5,
+                   k 10, 5000 steps (TBA B.3)
+  m rule           with probability m the batch is 128 attacks of the newest generation
+                   (the newest policy version's); else 128 drawn without replacement by
+                   softmax(c) over the whole buffer (buffer.priority "reward", Lee's
+                   default c_reward; "log_target" = lm + c / beta is Lee's "reward").
+                   UNSURE for TBA (per batch here; Lee draws per micro-batch of 16)
+  buffer           100k, oldest out, size frozen from step 4000 (TBA B.3; llama 150k, not
+                   frozen); exact duplicates de-duplicated (the newer kept; Lee drops the
+                   newer); near-duplicate filter off (UNSURE whether TBA kept Lee's:
+                   buffer.near_duplicate=0.25 turns it on, costly at 100k)
+  pre-fill         512 attacks of the SFT attacker (UNSURE; Lee et al. seed the buffer
+                   with their 3,003 SFT instructions and 160 samples, L L610-695)
+  LoRA             r 32, alpha 16, dropout 0 on PEFT's default targets (GPT-2 c_attn =
+                   q,k,v; Llama q,v), as Lee et al.; lm(x) uses the base (adapters off)
+  evaluation       before and after training: 1,024 attacks at T 1, top-p 1, 5-20 tokens
+                   (E L129-135), 5 replies each; eval/attack_success_rate (mean p_toxic of
+                   the replies > 0.5), eval/toxicity, eval/diversity (1 - mean pairwise
+                   cosine similarity of MiniLM embeddings); Lee's RoBERTa pipeline in E
+                   (evaluate's "toxicity") is the same classifier as in training
+"""
+import ml_collections
+
+from configs import gsm8k
+from tba_jax import config_checks
+
+VARIANTS = ("gpt2", "llama", "tiny")
+
+
+def _common(c):
+  c.num_train_steps = 5000
+  c.task.update(name="redteam", max_prompt_len=64, redteam=dict(
+      victim="vicgalle/gpt2-alpaca",  # HF directory / hub id, or "random"
+      victim_dtype="float32",
+      victim_prompt="alpaca",   # "alpaca" (the Alpaca instruction format) or "chat" (template)
+      victim_temperature=0.7,
+      victim_top_p=0.92,
+      victim_max_new_tokens=30,
+      num_replies=5,            # victim replies per attack
+      judge="classifier",       # "classifier" (a reply's P(toxic_label)) or "llama_guard"
+      judge_path="facebook/roberta-hate-speech-dynabench-r4-target",
+      toxic_label="hate",       # classifier: the label's name in the checkpoint's id2label
+      judge_dtype="float32",
+      embedder="sentence-transformers/all-MiniLM-L6-v2",  # evaluation's diversity
+      seed=0,                   # victim replies (and "random" models' weights)
+  ))
+  c.model.update(path="sft/gpt2", dtype="float32")
+  c.model.lora.update(rank=32, alpha=16.0, targets="q,k,v")  # GPT-2's c_attn (PEFT's default)
+  c.mesh.update(num_trainer_devices=1, num_searchers=3)
+  c.sampler.update(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=21, min_new_tokens=4,
+                   end_with_eos=True, num_prompts_per_batch=1, num_samples_per_prompt=16,
+                   explore_prob=0.5, explore_low=0.5, explore_high=2.0)
+  c.loss.update(name="tb", beta_start=0.05, beta_end=0.05, beta_anneal_steps=1,
+                beta_switch_step=1, include_eos=True, ref_temp_start=1.0, ref_temp_end=1.0,
+                ref_temp_steps=2000, target_temp_start=2.0, target_temp_end=1.0,
+                target_temp_steps=500)
+  c.optim.update(learning_rate=1e-4, schedule="linear", warmup_steps=100,
+                 linear_decay_steps=40000, weight_decay=0.01, grad_clip_norm=1.0,
+                 master_weights_fp32=True, moments_dtype="float32")
+  c.buffer.update(num_prompts=1, samples_per_prompt=128, m=0.5, reuse_latest=True,
+                  max_per_prompt=1_000_000, dedup=True, max_entries=100_000, eviction="oldest",
+                  priority="reward", reward_weight=1.0, reward_tau=1.0, near_duplicate=0.0,
+                  freeze_step=4000, prefill=512)
+  c.sync.update(every=10, mode="async")
+  c.eval.update(every=0, num_problems=0, greedy=False, num_samples=1024, max_new_tokens=20,
+                min_new_tokens=5, batch_size=256)
+  c.checkpoint.update(every=500)
+
+
+def _gpt2(c):
+  _common(c)
+
+
+def _llama(c):
+  _common(c)
+  c.model.update(path="sft/llama-3.2-1b", dtype="bfloat16")
+  c.model.lora.update(targets="q,v")  # PEFT's default for Llama
+  c.task.redteam.update(victim="meta-llama/Llama-3.1-8B-Instruct", victim_dtype="bfloat16",
+                        victim_prompt="chat", victim_temperature=0.1, victim_top_p=0.9,
+                        victim_max_new_tokens=64, judge="llama_guard",
+                        judge_path="meta-llama/Llama-Guard-3-8B", judge_dtype="bfloat16")
+  c.mesh.update(num_trainer_devices=2, num_searchers=6)
+  c.sampler.update(explore_low=0.7)
+  c.loss.update(ref_temp_end=1.2, ref_temp_steps=2000, target_temp_steps=1000)
+  c.buffer.update(max_entries=150_000, m=0.5, freeze_step=0)
+
+
+def _tiny(c):
+  _common(c)
+  c.num_train_steps = 6
+  c.model.update(path="random", tokenizer="bytes", dtype="float32")
+  c.model.lora.update(rank=4)
+  # A GPT-2-shaped random attacker (tasks/redteam.py's random victim has the same shape).
+  c.model.random = dict(vocab_size=261, dim=32, mlp_dim=64, num_layers=2, num_heads=2,
+                        num_kv_heads=2, head_dim=16, max_position_embeddings=512, norm="layer",
+                        position_embedding="learned", activation="gelu_tanh", gated_mlp=False,
+                        qkv_bias=True, bias=True, tie_embeddings=True, model_type="gpt2")
+  c.task.update(max_prompt_len=256)
+  c.task.redteam.update(victim="random", judge_path="random", embedder="random",
+                        victim_max_new_tokens=8)
+  c.mesh.update(num_cpu_devices=2, num_trainer_devices=1, num_searchers=1)
+  c.sampler.update(max_new_tokens=8, min_new_tokens=2, num_samples_per_prompt=8)
+  c.loss.update(ref_temp_end=1.2, ref_temp_steps=4, target_temp_steps=4)
+  c.optim.update(learning_rate=1e-3, schedule="constant", warmup_steps=0)
+  c.buffer.update(samples_per_prompt=16, max_entries=64, freeze_step=4, prefill=16)
+  c.sync.update(every=2)
+  c.eval.update(num_samples=32, max_new_tokens=7, min_new_tokens=2, batch_size=32)
+  c.checkpoint.update(every=2)
+
+
+def get_config(arg: str = "gpt2") -> ml_collections.ConfigDict:
+  """`arg`: "VARIANT" or "VARIANT,key=value,..." (e.g. "tiny,num_train_steps=3")."""
+  variant, *overrides = (arg or "gpt2").split(",")
+  if variant not in VARIANTS:
+    raise ValueError(f"unknown variant {variant!r} of configs/redteam.py; choose from {VARIANTS}")
+  c = gsm8k._base()
+  {"gpt2": _gpt2, "llama": _llama, "tiny": _tiny}[variant](c)
+  c.variant = variant
+  config_checks.apply_overrides(c, overrides)
+  c.lock()
+  return c
