@@ -356,9 +356,9 @@ def test_searchers_sample_in_the_model_dtype_under_float32_master_weights(tmp_pa
       seen["configs"].append(model_config)
       super().__init__(model_config, **kw)
 
-    def __call__(self, params, prompts, key):
+    def __call__(self, params, prompts, key, **kw):
       seen["params"] |= {x.dtype for x in jax.tree.leaves(params)}
-      return super().__call__(params, prompts, key)
+      return super().__call__(params, prompts, key, **kw)
 
   monkeypatch.setattr(config_builders, "Sampler", Recording)
   c = tiny_config(num_train_steps=2, mesh=dict(num_devices=2, num_trainer_devices=1),
