@@ -17,7 +17,7 @@ import numpy as np
 # (ReplayBuffer.state_dict uses them too.)
 SCALAR_FIELDS = (("prompt_id", np.int32), ("reward", np.float32), ("version", np.int32),
                  ("searcher_id", np.int32), ("ended_with_eos", np.int32),
-                 ("temperature", np.float32))
+                 ("temperature", np.float32), ("last_version", np.int32))
 PER_TOKEN_FIELDS = (("completion", np.int32), ("ref_logprobs", np.float32),
                     ("behaviour_logprobs", np.float32))
 
@@ -31,10 +31,18 @@ class Entry:
   reward: float
   ref_logprobs: np.ndarray        # [L] float32 per-token reference log-probs (tempered)
   behaviour_logprobs: np.ndarray  # [L] float32 per-token log-probs of the sampling policy
-  version: int                    # policy version (trainer step of the weights) that sampled it
+  # Policy versions (trainer steps of the weights) that sampled it: `version` the
+  # oldest (its prompt's prefill; staleness is measured from it), `last_version` the
+  # newest, later when a streaming searcher took new weights in flight (None: = version).
+  version: int
   searcher_id: int = 0
   ended_with_eos: bool = False    # False: truncated at the max length, no EOS
   temperature: float = 1.0        # the sampling temperature of its batch (searchers explore)
+  last_version: int | None = None
+
+  def __post_init__(self):
+    if self.last_version is None:  # sampled under one version (and states saved before)
+      object.__setattr__(self, "last_version", self.version)
 
   @property
   def length(self) -> int:
@@ -63,13 +71,16 @@ def normalized(e: Entry) -> Entry:
                      f"{ref.size} reference and {beh.size} behaviour log-probs")
   if e.ended_with_eos and completion.size == 0:
     raise ValueError(f"prompt id {e.prompt_id}: ended_with_eos with an empty completion")
+  if e.last_version < e.version:
+    raise ValueError(f"prompt id {e.prompt_id}: last_version {e.last_version} < version "
+                     f"{e.version} (the oldest)")
   if not np.isfinite(e.reward):
     raise ValueError(f"prompt id {e.prompt_id}: non-finite reward {e.reward}")
   # Rewards are rounded to float32 on entry so pack/unpack (32-bit, which survives a JAX
   # all-gather without x64) is lossless and every host holds bit-identical buffers.
   return Entry(int(e.prompt_id), frozen(e.prompt, np.int32), completion,
                float(np.float32(e.reward)), ref, beh, int(e.version), int(e.searcher_id),
-               bool(e.ended_with_eos), float(np.float32(e.temperature)))
+               bool(e.ended_with_eos), float(np.float32(e.temperature)), int(e.last_version))
 
 
 def check_fits(entries: Iterable[Entry], max_prompt_len: int, max_completion_len: int):
@@ -117,7 +128,8 @@ def unpack(arrays: dict[str, np.ndarray]) -> list[Entry]:
   a = {k: np.asarray(v) for k, v in arrays.items()}
   out = []
   for i in range(int(a["count"])):
-    fields = {n: a[n][i].item() for n, _ in SCALAR_FIELDS}
+    # A layout saved before a field existed lacks it: the field's default.
+    fields = {n: a[n][i].item() for n, _ in SCALAR_FIELDS if n in a}
     fields.update({n: a[n][i, :a["length"][i]] for n, _ in PER_TOKEN_FIELDS})
     out.append(normalized(Entry(prompt=a["prompt"][i, :a["prompt_len"][i]], **fields)))
   return out

@@ -34,7 +34,7 @@ from tba_jax.entries import Entry
 from tba_jax.model import ModelConfig, Params
 from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.rewards import RewardBatch, RewardFn
-from tba_jax.sampler import Rollouts, Sampler
+from tba_jax.sampler import Sampler
 from tba_jax.tasks import Problem
 from tba_jax.weight_sync import Mailbox
 
@@ -163,9 +163,25 @@ class Searcher:
     temperature = self.explore.temperature(rng, self.sampler.options.temperature)
     # [P] prompts -> [P * S] rows, prompt-major: row r is prompt ids[r // S].
     rows = [i for i in ids for _ in range(self.num_samples)]
+    out = self.sampler(params, [self.prompt_tokens[i] for i in rows], key,
+                       temperature=temperature)
+    entries = self._score(rows, [out.tokens[r, :out.lengths[r]] for r in range(len(rows))],
+                          [out.tempered_logprobs[r, :out.lengths[r]] for r in range(len(rows))],
+                          [temperature] * len(rows), [(version, version)] * len(rows))
+    with self._commit:  # a snapshot sees the whole batch, or its prompts in flight
+      self._record(entries)
+      self._in_flight = []
+      self.num_batches += 1
+      self.stats.num_batches += 1
+      self.stats.busy_seconds += time.perf_counter() - start
+    return len(rows)
+
+  def _score(self, rows: list[int], completions: list[np.ndarray], behaviour: list[np.ndarray],
+             temperatures: list[float], versions: list[tuple[int, int]]) -> list[Entry]:
+    """Entries of completions[r] of prompt rows[r]: the reward stage scores them all in one
+    batch, and the reference log-probs come from one forward pass. `behaviour` holds the
+    tempered per-token log-probs the sampler recorded; versions[r] = (oldest, newest)."""
     prompts = [self.prompt_tokens[i] for i in rows]
-    out = self.sampler(params, prompts, key, temperature=temperature)
-    completions = [out.tokens[r, :out.lengths[r]] for r in range(len(rows))]
     eos = set(self.sampler.options.eos_ids)
     ended = np.array([c.size > 0 and int(c[-1]) in eos for c in completions])
     rewards = np.asarray(self.reward(RewardBatch(
@@ -174,32 +190,29 @@ class Searcher:
     if rewards.shape != (len(rows),):
       raise ValueError(f"the reward stage returned shape {rewards.shape} for {len(rows)} "
                        "completions; expected one reward per completion")
-    ref = self._reference_logprobs(prompts, out)
-    entries = [Entry(prompt_id=i, prompt=prompts[r], completion=completions[r],
-                     reward=float(rewards[r]), ref_logprobs=ref[r, :completions[r].size],
-                     behaviour_logprobs=out.tempered_logprobs[r, :completions[r].size],
-                     version=version, searcher_id=self.id, ended_with_eos=bool(ended[r]),
-                     temperature=temperature)
-               for r, i in enumerate(rows)]
-    with self._commit:  # a snapshot sees the whole batch, or its prompts in flight
-      self.buffer.add_many(entries)
-      self._in_flight = []
-      self.num_batches += 1
-      self.stats.num_batches += 1
-      self.stats.num_samples += len(rows)
-      self.stats.reward_sum += float(rewards.sum())
-      self.stats.tokens += int(out.lengths.sum())
-      self.stats.busy_seconds += time.perf_counter() - start
-    return len(rows)
+    ref = self._reference_logprobs(prompts, completions)
+    return [Entry(prompt_id=i, prompt=prompts[r], completion=completions[r],
+                  reward=float(rewards[r]), ref_logprobs=ref[r, :completions[r].size],
+                  behaviour_logprobs=behaviour[r], version=versions[r][0], searcher_id=self.id,
+                  ended_with_eos=bool(ended[r]), temperature=temperatures[r],
+                  last_version=versions[r][1])
+            for r, i in enumerate(rows)]
 
-  def _reference_logprobs(self, prompts: list[list[int]], out: Rollouts) -> np.ndarray:
+  def _record(self, entries: list[Entry]) -> None:
+    """Scored entries into the local buffer and the counters (the caller holds the lock)."""
+    self.buffer.add_many(entries)
+    self.stats.num_samples += len(entries)
+    self.stats.reward_sum += float(sum(e.reward for e in entries))
+    self.stats.tokens += sum(e.length for e in entries)
+
+  def _reference_logprobs(self, prompts: list[list[int]],
+                          completions: list[np.ndarray]) -> np.ndarray:
     """[N, Tc] reference log-probs of the sampled completions, 0 past each one's end."""
-    n, tp, tc = len(prompts), self.max_prompt_len, out.tokens.shape[1]
+    n, tp, tc = len(prompts), self.max_prompt_len, self.sampler.options.max_new_tokens
     # Pad the batch to the sampler's batch bucket so this compiles once per bucket.
     b = next(b for b in self.sampler.batch_buckets if b >= n)
-    completions = [out.tokens[r, :out.lengths[r]] for r in range(n)] + [[]] * (b - n)
-    tokens, mask = batch_lib.token_rows(prompts + [[]] * (b - n), completions, tp, tc,
-                                        self.sampler.options.pad_id)
+    tokens, mask = batch_lib.token_rows(prompts + [[]] * (b - n), completions + [[]] * (b - n),
+                                        tp, tc, self.sampler.options.pad_id)
     place = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.sampler.mesh, 2))
     lp = _completion_logprobs(self.ref_model_config, self.ref_params, place(tokens),
                               place(mask), completion_len=tc,
