@@ -175,6 +175,9 @@ def _base() -> ml_collections.ConfigDict:
       explore_prob=0.0,           # per searcher batch: with this probability sample at a
       explore_low=1.0,            # temperature ~ U(explore_low, explore_high), else at
       explore_high=1.0,           # `temperature` (log-probs stay at `temperature`)
+      num_slots=0,                # > 0: streaming searchers (continuous batching) keep this
+                                  # many rows in flight, refilled as rows end; 0 = static
+                                  # batches of num_prompts_per_batch x S rows
   )
   c.loss = dict(
       name="tb",             # "tb" (VarGrad trajectory balance), "rloo", "grpo"
@@ -242,6 +245,10 @@ def _base() -> ml_collections.ConfigDict:
       mode="async",          # "async" (searchers in threads) or "alternate" (search, then k
                              # steps; what one device does; synchronous with k=1, m=1)
       weights_dtype="",      # "" = model.dtype; cast published weights (e.g. "bfloat16")
+      in_flight_updates=True,  # streaming searchers (sampler.num_slots > 0) take new weights
+                               # between decode chunks, rows in flight continue under them
+                               # (entries record first and last version); False: only when
+                               # their slots are empty (versions exact per completion)
   )
   c.eval = dict(
       every=100,             # steps between evaluations (0 = only before and after)

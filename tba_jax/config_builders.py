@@ -19,6 +19,7 @@ from tba_jax.model import LoRAConfig, ModelConfig, init_params
 from tba_jax.sampler import Sampler
 from tba_jax.searcher import Exploration, PromptStream, Searcher
 from tba_jax.searcher_pool import SearcherPool
+from tba_jax.streaming import StreamingSearcher
 from tba_jax.tasks import Task, arithmetic, gsm8k, redteam, tldr
 
 
@@ -244,7 +245,7 @@ def redteam_task(r) -> Task:
 def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, meshes, *,
                   publish, params, reference, prompt_tokens: dict[int, list[int]],
                   max_prompt_len: int, seed: int, max_restarts: int,
-                  fault_cfg) -> SearcherPool:
+                  fault_cfg, in_flight_updates: bool = True) -> SearcherPool:
   """This process's searchers, one per mesh, with the task's reward stage built on each.
 
   `publish(params, i)` places params on searcher i's devices; `params` are the trainer's
@@ -253,6 +254,8 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
   samples its own shard of the training prompts (a global stride over every
   process's searchers). `fault_cfg`: the config's `fault` section, whose
   searcher_fail_at makes searcher `fault_cfg.searcher`'s reward stage raise (a testing aid).
+  sampler.num_slots > 0 makes them streaming searchers (tba_jax/streaming.py), which take
+  new weights between decode chunks when `in_flight_updates` (sync.in_flight_updates).
   """
   s = sampler_cfg
   train_ids = [p.id for p in task.train]
@@ -262,10 +265,13 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
   searchers = []
   for i, mesh in enumerate(meshes):
     shard = i + len(meshes) * jax.process_index()  # this searcher's global index
-    sampler = Sampler(model_config, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                      top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
-                      pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=s.min_new_tokens,
-                      end_with_eos=s.end_with_eos)
+    try:
+      sampler = Sampler(model_config, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                        top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
+                        pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=s.min_new_tokens,
+                        end_with_eos=s.end_with_eos, num_slots=s.num_slots or None)
+    except ValueError as e:  # num_slots that the searcher's devices cannot split
+      raise ConfigError(f"sampler.num_slots={s.num_slots}: {e}") from None
     first = publish(params, i)
     reward = stage.build(mesh)
     if fault_cfg.searcher_fail_at and shard == fault_cfg.searcher:
@@ -278,14 +284,15 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
       ref, ref_config = lora.split(first)[0], lora.base_config(model_config)
     else:
       ref, ref_config = first, None
-    searchers.append(Searcher(
+    streaming = {"in_flight_updates": in_flight_updates} if s.num_slots else {}
+    searchers.append((StreamingSearcher if s.num_slots else Searcher)(
         shard, sampler=sampler, ref_params=ref, ref_model_config=ref_config,
         mailbox=weight_sync.Mailbox(0, first),
         stream=PromptStream(train_ids[shard::num_shards], seed=seed + shard),
         prompt_tokens=prompt_tokens, problems=problems, decode=tokenizer.decode,
         reward=reward, num_prompts=s.num_prompts_per_batch,
         num_samples=s.num_samples_per_prompt, max_prompt_len=max_prompt_len, seed=seed,
-        explore=Exploration(s.explore_prob, s.explore_low, s.explore_high)))
+        explore=Exploration(s.explore_prob, s.explore_low, s.explore_high), **streaming))
   return SearcherPool(searchers, publish=publish, max_prompt_len=max_prompt_len,
                       max_completion_len=s.max_new_tokens, max_restarts=max_restarts)
 

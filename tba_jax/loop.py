@@ -144,7 +144,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   pool = build.searcher_pool(c.sampler, task, tokenizer, searcher_cfg, searcher_meshes,
                              publish=publish, params=state.params, reference=reference,
                              prompt_tokens=prompt_tokens, max_prompt_len=tp, seed=c.seed,
-                             max_restarts=c.searcher.max_restarts, fault_cfg=c.fault)
+                             max_restarts=c.searcher.max_restarts, fault_cfg=c.fault,
+                             in_flight_updates=c.sync.in_flight_updates)
   evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg,
                               searcher_meshes[0], tp, progress=is_main)
 

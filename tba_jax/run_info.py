@@ -69,7 +69,8 @@ def describe(c, *, trainer_mesh, searcher_meshes, mode: str, model_config, num_p
                "test_problems": len(task.test), "eval_problems": num_eval_problems},
       "batch": {"prompts": b.num_prompts, "samples_per_prompt": b.samples_per_prompt,
                 "m": b.m, "sync_every": c.sync.every, "searcher_prompts": s.num_prompts_per_batch,
-                "searcher_samples_per_prompt": s.num_samples_per_prompt},
+                "searcher_samples_per_prompt": s.num_samples_per_prompt,
+                "searcher_slots": s.num_slots, "in_flight_updates": c.sync.in_flight_updates},
       "steps": {"from": start_step, "to": c.num_train_steps},
       **schedules(c, beta_at, lr_at),
   }
@@ -82,6 +83,14 @@ def banner(setup: dict, workdir: str) -> str:
   mode = {"async": "async (searchers sample in threads while the trainer trains)",
           "alternate": "alternate (a search round, then sync_every training steps)"}[setup["mode"]]
   shared = " (the same device)" if sr["shared_with_trainer"] else ""
+  if ba["searcher_slots"]:
+    weights = ("new weights taken between decode chunks" if ba["in_flight_updates"] else
+               "new weights taken when the slots are empty")
+    searching = (f"searchers keep {ba['searcher_slots']} rows in flight (continuous batching, "
+                 f"{ba['searcher_samples_per_prompt']} samples per prompt), {weights}")
+  else:
+    searching = (f"searcher batch {ba['searcher_prompts']} prompts x "
+                 f"{ba['searcher_samples_per_prompt']} samples")
   lines = [
       f"tba_jax run in {workdir}: steps {setup['steps']['from']} -> {setup['steps']['to']}",
       f"  devices   {d['count']} x {d['platform']} ({d['kind']}), {d['processes']} process(es)",
@@ -97,8 +106,7 @@ def banner(setup: dict, workdir: str) -> str:
       f"  task      {ta['name']}: {ta['train_problems']} train / {ta['test_problems']} test "
       f"problems, {ta['eval_problems']} evaluated",
       f"  batch     {ba['prompts']} prompts x {ba['samples_per_prompt']} samples, m={ba['m']}, "
-      f"sync every {ba['sync_every']} steps; searcher batch {ba['searcher_prompts']} prompts x "
-      f"{ba['searcher_samples_per_prompt']} samples",
+      f"sync every {ba['sync_every']} steps; {searching}",
       f"  beta      {setup['beta']}",
       f"  lr        {setup['lr']}",
   ]

@@ -247,8 +247,11 @@ class Searcher:
       stream = self.stream.state_dict()
       stream["requeued"] = self._in_flight + stream["requeued"]
       stats = {k: v for k, v in dataclasses.asdict(self.stats).items() if k != "busy_seconds"}
-      return self.buffer.peek_new(), {"stream": stream, "num_batches": self.num_batches,
-                                      "stats": stats}
+      return self.buffer.peek_new(), {"stream": stream, "stats": stats, **self._cursor()}
+
+  def _cursor(self) -> dict:
+    """Where this searcher's random choices continue (saved by `snapshot`)."""
+    return {"num_batches": self.num_batches}
 
   def load_snapshot(self, entries: Sequence[Entry], state: dict) -> None:
     """A `snapshot`: its entries reach the global buffer at the next merge."""

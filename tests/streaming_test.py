@@ -1,0 +1,181 @@
+"""The streaming searcher: the static searcher's entries, version ranges, lossless restarts."""
+import jax
+import numpy as np
+import pytest
+
+from tba_jax import sharding, weight_sync
+from tba_jax.model import init_params
+from tba_jax.sampler import Sampler
+from tba_jax.searcher import PromptStream, Searcher
+from tba_jax.streaming import StreamingSearcher
+from tba_jax.tasks import Problem
+
+# 20 prompts of 1-3 tokens (ids 5..24). EOS: 20 of the 128 ids, so rows end at ragged lengths.
+EOS = tuple(range(30, 50))
+PROMPTS = {i: [5 + i, 5 + (3 * i) % 20, 5 + (7 * i) % 20][:1 + i % 3] for i in range(20)}
+
+
+class SwitchingMailbox(weight_sync.Mailbox):
+  """Publishes `later` (as version 4) when the searcher reads the mailbox for the
+  `at`-th time: between two of its decode chunks, with rows in flight."""
+
+  def __init__(self, params, later, at):
+    super().__init__(3, params)
+    self.later, self.at, self.reads = later, at, 0
+
+  def get(self):
+    self.reads += 1
+    if self.reads == self.at:
+      self.put(4, self.later)
+    return super().get()
+
+
+def _searcher(cfg, *, num_slots=None, reward=None, mailbox=None, num_prompts=2, num_samples=2,
+              chunk_steps=32, in_flight_updates=True, ids=tuple(PROMPTS)):
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  place = lambda p: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
+  reference, policy = place(init_params(cfg, 0)), place(init_params(cfg, 1))
+  sampler = Sampler(cfg, max_new_tokens=6, temperature=0.8, eos_ids=EOS, mesh=mesh,
+                    num_slots=num_slots, chunk_steps=chunk_steps)
+  kwargs = dict(
+      sampler=sampler, ref_params=reference, mailbox=mailbox or weight_sync.Mailbox(3, policy),
+      stream=PromptStream(list(ids), seed=0), prompt_tokens=PROMPTS,
+      problems={i: Problem(i, f"q{i}", "", float(i)) for i in PROMPTS},
+      decode=lambda t: " ".join(map(str, t)),
+      reward=reward or (lambda batch: np.array([len(c) / 10 for c in batch.completions])),
+      num_prompts=num_prompts, num_samples=num_samples, max_prompt_len=4, seed=0)
+  if num_slots:
+    return StreamingSearcher(0, in_flight_updates=in_flight_updates, **kwargs)
+  return Searcher(0, **kwargs)
+
+
+def _groups(entries, s):
+  """Entries by prompt id, each prompt's S samples in row order (one group each)."""
+  out = {}
+  for e in entries:
+    out.setdefault(e.prompt_id, []).append(e)
+  assert all(len(g) == s for g in out.values()), "a prompt committed twice or in part"
+  return out
+
+
+def test_entries_equal_the_static_searchers_when_weights_do_not_change(tiny_cfg):
+  # The stream is one endless batch 0: group g samples rows g*S.. with the batch-0 key, so
+  # the first P groups are the static searcher's first batch, row for row (module doc).
+  static = _searcher(tiny_cfg, num_prompts=4, num_samples=3)
+  static.search_once()
+  want = _groups(static.buffer.drain_new(), 3)
+  # 3 slots for 4 x 3 rows: slots are refilled mid-batch, with rows of other prompts.
+  streaming = _searcher(tiny_cfg, num_slots=3, num_prompts=1, num_samples=3)
+  got = {}
+  for _ in range(20):
+    streaming.search_once()
+    got.update(_groups(streaming.buffer.drain_new(), 3))
+    if set(want) <= set(got):
+      break
+  assert streaming._slots.stats.refills >= 4  # 3 slots, 12 rows
+  assert len({e.length for es in want.values() for e in es}) > 2  # rows ended at ragged lengths
+  for pid, entries in want.items():
+    for a, b in zip(entries, got[pid]):
+      np.testing.assert_array_equal(a.completion, b.completion)
+      np.testing.assert_array_equal(a.prompt, b.prompt)
+      assert (a.reward, a.ended_with_eos, a.temperature) == (b.reward, b.ended_with_eos,
+                                                              b.temperature)
+      assert (b.version, b.last_version, b.searcher_id) == (3, 3, 0)
+      np.testing.assert_allclose(a.ref_logprobs, b.ref_logprobs, atol=1e-5)
+      np.testing.assert_allclose(a.behaviour_logprobs, b.behaviour_logprobs, atol=1e-5)
+
+
+def _version_run(cfg, in_flight_updates):
+  policy = init_params(cfg, 1)
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  later = weight_sync.publish(init_params(cfg, 2), sharding.param_shardings(cfg, "searcher", mesh))
+  # Chunks of 2 steps: a 6-token row spans 3 chunks; new weights after the first.
+  mailbox = SwitchingMailbox(
+      weight_sync.publish(policy, sharding.param_shardings(cfg, "searcher", mesh)), later, at=2)
+  searcher = _searcher(cfg, num_slots=4, mailbox=mailbox, chunk_steps=2, num_prompts=4,
+                       in_flight_updates=in_flight_updates)
+  entries = []
+  for _ in range(3):
+    searcher.search_once()
+    entries += searcher.buffer.drain_new()
+  assert searcher._slots.version == 4
+  return entries
+
+
+def test_rows_in_flight_take_new_weights_and_record_both_versions(tiny_cfg):
+  entries = _version_run(tiny_cfg, in_flight_updates=True)
+  spans = {(e.version, e.last_version) for e in entries}
+  assert (3, 4) in spans and (4, 4) in spans  # rows in flight kept going under version 4
+  assert spans <= {(3, 3), (3, 4), (4, 4)}
+
+
+def test_without_in_flight_updates_every_entry_has_one_version(tiny_cfg):
+  entries = _version_run(tiny_cfg, in_flight_updates=False)
+  assert all(e.version == e.last_version for e in entries)
+  assert {e.version for e in entries} == {3, 4}  # the slots drained, then took version 4
+
+
+def _taken_exactly_once(committed, requeued, position, ids, seed=0):
+  """Every prompt of the first epoch is committed, re-queued or still ahead, once."""
+  order = PromptStream(list(ids), seed=seed).take(len(ids))
+  assert sorted(committed + requeued + order[position:]) == sorted(ids)
+
+
+def test_a_snapshot_requeues_unfinished_groups_and_a_resume_samples_them_first(tiny_cfg):
+  searcher = _searcher(tiny_cfg, num_slots=4, num_prompts=2)
+  searcher.search_once()
+  in_flight = searcher.in_flight()
+  entries, state = searcher.snapshot()
+  assert in_flight and state["stream"]["requeued"] == in_flight
+  committed = list(_groups(entries, 2))
+  _taken_exactly_once(committed, in_flight, state["stream"]["position"], PROMPTS)
+  assert state["num_groups"] == len(committed) + len(in_flight)
+
+  resumed = _searcher(tiny_cfg, num_slots=4, num_prompts=2)
+  resumed.load_snapshot(entries, state)
+  back = resumed.buffer.drain_new()
+  assert [(e.prompt_id, e.completion.tolist()) for e in back] == \
+      [(e.prompt_id, e.completion.tolist()) for e in entries]
+  assert resumed.num_groups == state["num_groups"]
+  resumed.search_once()
+  later = resumed.buffer.drain_new()
+  after = list(_groups(later, 2))
+  # The re-queued prompts were taken first: each is committed now or still in flight.
+  assert set(in_flight) <= set(after) | set(resumed.in_flight())
+  _, state2 = resumed.snapshot()
+  _taken_exactly_once(committed + after, state2["stream"]["requeued"],
+                      state2["stream"]["position"], PROMPTS)
+
+
+def test_a_restart_drops_the_slots_and_requeues_their_prompts_in_order(tiny_cfg):
+  fail = {"next": False}
+
+  def fails_once(batch):
+    if fail["next"]:
+      fail["next"] = False
+      raise RuntimeError("reward crashed")
+    return np.zeros(len(batch.completions))
+
+  searcher = _searcher(tiny_cfg, num_slots=4, num_prompts=1, reward=fails_once)
+  searcher.search_once()
+  fail["next"] = True
+  with pytest.raises(RuntimeError, match="reward crashed"):
+    searcher.search_once()
+  failed = searcher.in_flight()
+  searcher.restart()
+  assert searcher.in_flight() == [] and searcher.stream.requeued == failed
+  searcher.search_once()
+  assert searcher.stream.requeued == []
+  committed = list(_groups(searcher.buffer.drain_new(), 2))
+  assert set(failed) <= set(committed) | set(searcher.in_flight())
+  _, state = searcher.snapshot()
+  _taken_exactly_once(committed, state["stream"]["requeued"], state["stream"]["position"],
+                      PROMPTS)
+
+
+def test_a_streaming_searcher_needs_slots(tiny_cfg):
+  with pytest.raises(ValueError, match="num_slots"):
+    StreamingSearcher(0, sampler=Sampler(tiny_cfg, max_new_tokens=2), ref_params=None,
+                      mailbox=None, stream=PromptStream([0], 0), prompt_tokens={},
+                      problems={}, decode=str, reward=None, num_prompts=1, num_samples=1,
+                      max_prompt_len=4, seed=0)
