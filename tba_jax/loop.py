@@ -14,8 +14,10 @@ then k steps): what one device does, and with k=1, m=1, S=K and no reuse,
 exactly synchronous on-policy training.
 
 Staleness enters at two places, both measured: a sample's version is the
-mailbox version its searcher read at the start of its batch, and the trainer
-reports (its params version - sample version) for every trained sample.
+mailbox version its searcher read at the start of its batch (a streaming
+searcher's, sampler.num_slots > 0: the oldest version its row was decoded
+under), and the trainer reports (its params version - sample version) for
+every trained sample.
 
 Long runs survive: a checkpoint holds the searchers' unmerged entries and
 cursors as well as the global buffer (a resume loses nothing committed); a

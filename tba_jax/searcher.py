@@ -7,6 +7,8 @@ score the batch with the task's reward stage, compute the reference model's
 per-token log-probs of each completion, and add the stamped entries (policy
 version, searcher id) to the searcher's local replay buffer. The searchers of a
 process are driven together by `searcher_pool.SearcherPool` (threads, restarts).
+`streaming.StreamingSearcher` is the same searcher over continuous batching
+(sampler.num_slots > 0): it commits prompt groups as they end.
 
 What the pool needs for lossless checkpoints and restarts: the prompts of a batch
 are "in flight" from the moment they are taken until its entries are committed

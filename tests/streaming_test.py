@@ -179,3 +179,25 @@ def test_a_streaming_searcher_needs_slots(tiny_cfg):
                       mailbox=None, stream=PromptStream([0], 0), prompt_tokens={},
                       problems={}, decode=str, reward=None, num_prompts=1, num_samples=1,
                       max_prompt_len=4, seed=0)
+
+
+@pytest.mark.parametrize("num_devices,in_flight", [(2, True), (1, False)])  # async; alternate
+def test_a_streaming_run_trains_to_the_end_through_a_restart_and_checkpoints(
+    tmp_path, capsys, num_devices, in_flight):
+  from loop_test import tiny_config, toy_task
+  from tba_jax import loop
+  from tba_jax.metrics import read_jsonl
+  c = tiny_config(num_train_steps=8, max_train_seconds=120.0,
+                  mesh=dict(num_devices=num_devices, num_trainer_devices=1),
+                  sampler=dict(num_slots=8), sync=dict(mode="async", every=2,
+                                                       in_flight_updates=in_flight),
+                  buffer=dict(prefill=8), searcher=dict(max_restarts=2),
+                  fault=dict(searcher_fail_at=3))
+  assert loop.run(c, str(tmp_path), task=toy_task(c))["step"] == 8
+  out = capsys.readouterr()
+  assert "searchers keep 8 rows in flight (continuous batching" in out.out
+  assert "restarted (1 of searcher.max_restarts=2)" in out.err
+  rows = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "loss" in r]
+  assert [r["step"] for r in rows] == list(range(1, 9))
+  assert rows[-1]["searcher_restarts"] == 1 and rows[-1]["searcher_samples"] > 0
+  assert all(r["staleness_max"] >= 0 for r in rows)
