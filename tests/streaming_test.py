@@ -201,3 +201,30 @@ def test_a_streaming_run_trains_to_the_end_through_a_restart_and_checkpoints(
   assert [r["step"] for r in rows] == list(range(1, 9))
   assert rows[-1]["searcher_restarts"] == 1 and rows[-1]["searcher_samples"] > 0
   assert all(r["staleness_max"] >= 0 for r in rows)
+
+
+def test_the_config_builds_streaming_searchers_and_names_a_slot_count_that_cannot_split(
+    tiny_cfg):
+  from loop_test import tiny_config, toy_task
+  from tba_jax import config_builders
+  from tba_jax import tokenizer as tokenizer_lib
+  from tba_jax.config_checks import ConfigError
+  tok = tokenizer_lib.byte_tokenizer()
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:2])  # a data axis of 2
+  params = init_params(tiny_cfg, 0)
+
+  def pool(num_slots, in_flight):
+    c = tiny_config(sampler=dict(num_slots=num_slots))
+    task = toy_task(c)
+    return config_builders.searcher_pool(
+        c.sampler, task, tok, tiny_cfg, [mesh], publish=lambda p, i: p, params=params,
+        reference=None, prompt_tokens=config_builders.encode_prompts(task.train, task, tok, 16),
+        max_prompt_len=16, seed=0, max_restarts=0, fault_cfg=c.fault,
+        in_flight_updates=in_flight)
+
+  (searcher,) = pool(4, False).searchers
+  assert isinstance(searcher, StreamingSearcher) and not searcher.in_flight_updates
+  assert searcher.sampler.num_slots == 4
+  assert type(pool(0, True).searchers[0]) is Searcher
+  with pytest.raises(ConfigError, match="sampler.num_slots=3: .*multiple of the mesh's data"):
+    pool(3, True)
