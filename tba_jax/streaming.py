@@ -17,8 +17,9 @@ Determinism: the stream is one endless static batch. Its key is the static
 searcher's batch-0 key, fold_in(key, 0), and the g-th group taken samples rows
 g*S .. g*S+S-1 (prompt-major, as a static batch numbers its rows) at the
 temperature drawn from (seed, searcher id, g). With unchanged weights a row's
-tokens depend on its row id only (continuous.py), so the first P groups equal
-the static searcher's first batch. Groups dropped by a restart or a snapshot
+tokens depend on its row id only (continuous.py), so at the sampler's own
+temperature (no exploration) the first P groups equal the static searcher's
+first batch. Groups dropped by a restart or a snapshot
 are re-queued as prompts and sample again under new group indices.
 
 Weights. With `in_flight_updates` (sync.in_flight_updates) the searcher takes
