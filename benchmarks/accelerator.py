@@ -19,21 +19,12 @@ import functools
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def _median_seconds(fn, repeats):
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
-
+from benchmarks.timing import median_seconds  # noqa: E402
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -72,12 +63,12 @@ def main():
                       prompt_buckets=(args.prompt_len,), batch_buckets=(b,))
     prompts = [list(rng.integers(3, cfg.vocab_size, args.prompt_len)) for _ in range(b)]
     sampler(params, prompts, jax.random.key(0))  # compile
-    seconds = _median_seconds(lambda: sampler(params, prompts, jax.random.key(1)), args.repeats)
+    seconds = median_seconds(lambda: sampler(params, prompts, jax.random.key(1)), args.repeats)
     # Decode-step time from a prefill-only run (max_new_tokens=1) subtracted out.
     prefill_only = Sampler(cfg, max_new_tokens=1, greedy=True, mesh=mesh,
                            prompt_buckets=(args.prompt_len,), batch_buckets=(b,))
     prefill_only(params, prompts, jax.random.key(0))
-    prefill = _median_seconds(lambda: prefill_only(params, prompts, jax.random.key(1)),
+    prefill = median_seconds(lambda: prefill_only(params, prompts, jax.random.key(1)),
                               args.repeats)
     step = (seconds - prefill) / (args.new_tokens - 1)
     mean_slots = args.prompt_len + args.new_tokens // 2
@@ -115,7 +106,7 @@ def main():
     state, out = update(state, batch)
     jax.block_until_ready(out)
 
-  seconds = _median_seconds(one_step, args.repeats)
+  seconds = median_seconds(one_step, args.repeats)
   mfu = 6 * n_params * n * t / seconds / (args.peak_tflops * 1e12)
   results["trainer"] = {"tokens_per_s": n * t / seconds, "step_s": seconds, "mfu": mfu}
   print(f"trainer {n} x {t} tokens: {n * t / seconds:,.0f} tok/s, {seconds:.3f} s/step, "
@@ -124,7 +115,7 @@ def main():
   # ----- Weight sync -----------------------------------------------------------------
   dst = sharding.param_shardings(cfg, "searcher", mesh)
   jax.block_until_ready(weight_sync.publish(state.params, dst, dtype="bfloat16"))
-  seconds = _median_seconds(
+  seconds = median_seconds(
       lambda: jax.block_until_ready(weight_sync.publish(state.params, dst, dtype="bfloat16")),
       args.repeats)
   results["sync"] = {"seconds": seconds, "gb_per_s": weight_bytes / seconds / 1e9}

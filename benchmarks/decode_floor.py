@@ -24,13 +24,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # run as a script from a checkout
-sys.path.insert(0, HERE)
 
-import sampler as sampler_bench  # noqa: E402  (benchmarks/sampler.py)
-
-
-def _best_seconds(repeats, fn):
-  return sampler_bench._best_of(repeats, fn)[0]
+from benchmarks import sampler as sampler_bench  # noqa: E402
+from benchmarks.timing import best_of  # noqa: E402
 
 
 def _decode_matrices(params):
@@ -58,7 +54,7 @@ def _jax_matmul_seconds(mats, head, batch, repeats):
     return jax.lax.fori_loop(0, mats[0].shape[0], layer, 0.0) + jnp.dot(x_head, head).sum()
 
   step(mats, head).block_until_ready()
-  return _best_seconds(repeats, lambda: step(mats, head).block_until_ready())
+  return best_of(lambda: step(mats, head).block_until_ready(), repeats)[0]
 
 
 def _torch_matmul_seconds(mats, head, batch, repeats):
@@ -77,7 +73,7 @@ def _torch_matmul_seconds(mats, head, batch, repeats):
       torch.nn.functional.linear(x_head, head)
 
   step()
-  return _best_seconds(repeats, step)
+  return best_of(step, repeats)[0]
 
 
 def _read_gbps(repeats):
@@ -86,7 +82,7 @@ def _read_gbps(repeats):
   x = jnp.ones((256, 1024, 1024), jnp.float32) * 0.5  # 1 GiB
   total = jax.jit(jnp.sum)
   total(x).block_until_ready()
-  return x.nbytes / _best_seconds(repeats, lambda: total(x).block_until_ready()) / 1e9
+  return x.nbytes / best_of(lambda: total(x).block_until_ready(), repeats)[0] / 1e9
 
 
 def main():
@@ -119,8 +115,8 @@ def main():
     make = lambda new: sampler.Sampler(cfg, max_new_tokens=new, greedy=True, pad_id=tok.pad_id)
     whole, prefill_only = make(n), make(1)
     whole(params, prompts, key), prefill_only(params, prompts, key)  # compile
-    total = _best_seconds(args.repeats, lambda: whole(params, prompts, key))
-    prefill = _best_seconds(args.repeats, lambda: prefill_only(params, prompts, key))
+    total = best_of(lambda: whole(params, prompts, key), args.repeats)[0]
+    prefill = best_of(lambda: prefill_only(params, prompts, key), args.repeats)[0]
     step = (total - prefill) / (n - 1)
     mm_jax = _jax_matmul_seconds(mats, head, b, args.repeats)
     mm_torch = _torch_matmul_seconds(mats, head, b, args.repeats)

@@ -21,7 +21,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from accelerator import _median_seconds  # noqa: E402  (benchmarks/accelerator.py's timer)
+from benchmarks.timing import median_seconds  # noqa: E402
 
 
 def _smollm2():
@@ -84,12 +84,12 @@ def main():
     for b in (int(x) for x in args.batches.split(",")):
       tokens = rng.integers(0, cfg.vocab_size, (b, args.seq_len)).astype(np.int32)
       ours = model.logits(cfg, params, tokens).block_until_ready()  # compile
-      ours_s = _median_seconds(lambda: model.logits(cfg, params, tokens).block_until_ready(),
+      ours_s = median_seconds(lambda: model.logits(cfg, params, tokens).block_until_ready(),
                                args.repeats)
       with torch.no_grad():
         ids = torch.tensor(tokens, dtype=torch.long)
         ref = hf(ids).logits
-        hf_s = _median_seconds(lambda: hf(ids), args.repeats)
+        hf_s = median_seconds(lambda: hf(ids), args.repeats)
       diff = float(np.abs(np.asarray(ours) - ref.numpy()).max())
       n = b * args.seq_len
       print(f"{b:>5} {n / ours_s:>14.0f} {n / hf_s:>19.0f} {hf_s / ours_s:>6.2f} {diff:>12.2e}")

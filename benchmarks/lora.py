@@ -31,18 +31,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.timing import best_of  # noqa: E402
+
 ACC = "eval/sampled_pass@1"
-
-
-def _best_seconds(repeats, fn):
-  """Seconds of the fastest of `repeats` calls of fn() (each blocks until done)."""
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    best = min(best, time.perf_counter() - t0)
-  return best
-
 
 def _published_bytes(overrides: list[str]) -> int:
   """Bytes one sync publishes under the `cpu` config with `overrides`: the trained tree
@@ -127,9 +118,9 @@ def searcher(args) -> None:
   merge = lambda: jax.block_until_ready(lora.merge(cfg, params))
   plain = merge()
   unmerged(params, prompts, key), merged(plain, prompts, key)  # compile
-  t_unmerged = _best_seconds(args.repeats, lambda: unmerged(params, prompts, key))
-  t_merged = _best_seconds(args.repeats, lambda: merged(plain, prompts, key))
-  t_merge = _best_seconds(args.repeats, merge)
+  t_unmerged = best_of(lambda: unmerged(params, prompts, key), args.repeats)[0]
+  t_merged = best_of(lambda: merged(plain, prompts, key), args.repeats)[0]
+  t_merge = best_of(merge, args.repeats)[0]
   nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))
   tokens = len(prompts) * c.sampler.max_new_tokens
   print(f"SmolLM2-135M float32, LoRA rank {args.rank} on {','.join(cfg.lora.targets)} "

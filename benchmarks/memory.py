@@ -16,10 +16,13 @@ device holds in the variant's layout:
             the trainer devices, plus the float32 completion logits of one
             micro-batch [rows, max_new_tokens, vocab] (the largest activation;
             its gradient in the backward pass needs as much again, and the
-            per-layer activations come on top: a floor, not a peak);
+            per-layer activations come on top: a floor, not a peak); with
+            eval.devices="trainer" also the evaluated copy of the weights (searcher
+            dtype) and the evaluation batch's KV cache (the third term);
   searcher  three copies of the weights in the searcher dtype (the one it samples
             with, the newly published one during a sync, the reference) and the
-            KV cache of its largest batch (a search batch or an evaluation batch).
+            KV cache of its largest batch (a search batch, or an evaluation batch
+            when evaluation runs on searcher 0's devices).
 
 With LoRA (model.lora.rank > 0) the trainer holds the frozen base in the model dtype
 plus the adapters' float32 masters, moments and gradients; a searcher holds the base
@@ -146,15 +149,25 @@ def _layout(arg: str, c, cfg) -> dict:
   weight_bytes = jnp.dtype(c.sync.weights_dtype or c.model.dtype).itemsize
   per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * weight_bytes  # K and V
   search_rows = c.sampler.num_prompts_per_batch * c.sampler.num_samples_per_prompt
-  kv = max(search_rows * (c.task.max_prompt_len + c.sampler.max_new_tokens),
-           c.eval.batch_size * (c.task.max_prompt_len + c.eval.max_new_tokens)) * per_token
+  kv = search_rows * (c.task.max_prompt_len + c.sampler.max_new_tokens) * per_token
+  eval_kv = c.eval.batch_size * (c.task.max_prompt_len + c.eval.max_new_tokens) * per_token
   shared = c.sync.mode == "alternate"  # the one-device layout: roles share it
+  evaluation = 0
+  if c.eval.devices == "trainer" and not shared:
+    # The evaluated copy (with LoRA the base is the trainer's own when in the searchers'
+    # dtype) sharded over the tensor axis, the evaluation batch's KV cache over every device.
+    own_base = base and jnp.dtype(c.model.dtype).itemsize == weight_bytes
+    copied = (0 if own_base else num_params) + (num_trained if base else 0)
+    evaluation = (copied * weight_bytes / math.gcd(c.mesh.trainer_tensor, trainers)
+                  + eval_kv / trainers)
+  else:
+    kv = max(kv, eval_kv)
   if base:  # the base once (unless it is the trainer's, on a shared device), adapters twice
     weights = ((0 if shared else num_params) + 2 * num_trained) * weight_bytes
   else:
     weights = 3 * num_params * weight_bytes
   return {"variant": arg, "parameters": num_params, "lora_parameters": num_trained if base else 0,
-          "trainer_state": state, "trainer_logits": logits,
+          "trainer_state": state, "trainer_logits": logits, "trainer_eval": evaluation,
           "searcher_weights": weights / c.mesh.searcher_tensor, "searcher_kv": kv,
           "shared": shared}
 
@@ -201,14 +214,15 @@ TLDR = ("pythia410m", "pythia1b", "pythia2p8b", "pythia410m_table1", "pythia410m
 
 
 def table(variants=DEFAULT) -> str:
-  lines = ["| variant | parameters | trainer device: state + logits floor | "
+  lines = ["| variant | parameters | trainer device: state + logits floor (+ evaluation) | "
            "searcher device: weights + KV cache |", "|---|---|---|---|"]
   for v in variants:
     e = estimate(v)
-    trainer = e["trainer_state"] + e["trainer_logits"]
+    trainer = e["trainer_state"] + e["trainer_logits"] + e["trainer_eval"]
     searcher = e["searcher_weights"] + e["searcher_kv"]
     t = (f"{trainer / GB:.1f} GB ({e['trainer_state'] / GB:.1f} + "
-         f"{e['trainer_logits'] / GB:.1f})")
+         f"{e['trainer_logits'] / GB:.1f}" +
+         (f" + {e['trainer_eval'] / GB:.1f})" if e["trainer_eval"] else ")"))
     s = f"{searcher / GB:.1f} GB ({e['searcher_weights'] / GB:.1f} + {e['searcher_kv'] / GB:.1f})"
     if e["shared"]:
       s = f"the same device: {(trainer + searcher) / GB:.1f} GB in all ({s})"

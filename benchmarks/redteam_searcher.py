@@ -22,7 +22,7 @@ import tempfile
 
 import numpy as np
 
-from benchmarks.accelerator import _median_seconds
+from benchmarks.timing import median_seconds
 
 
 def _write(directory: str, kind: str, tokenizer, seed: int) -> str:
@@ -92,7 +92,7 @@ def main():
   }
   for fn in timings.values():
     fn()  # compiles
-  seconds = {name: _median_seconds(fn, args.repeats) for name, fn in timings.items()}
+  seconds = {name: median_seconds(fn, args.repeats) for name, fn in timings.items()}
   lengths = [len(tok.encode(r)) for r in replies]
   print(f"GPT-2 small shapes (attacker, victim), RoBERTa-base shape (judge), float32, "
         f"{os.cpu_count()} CPU threads, jax {jax.__version__}; one searcher batch: "

@@ -14,9 +14,10 @@ Prints the best of `repeats` timed runs after a compiling one.
 import argparse
 import os
 import tempfile
-import time
 
 import numpy as np
+
+from benchmarks.timing import best_of
 
 
 def _pythia160m(directory: str, classifier: bool):
@@ -31,17 +32,6 @@ def _pythia160m(directory: str, classifier: bool):
           else transformers.AutoModelForCausalLM)
   auto.from_config(config, dtype=torch.float32).save_pretrained(directory)
   return directory
-
-
-def _best(fn, repeats: int) -> float:
-  fn()  # compiles
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return min(times)
-
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -73,9 +63,9 @@ def main():
       completions=completions, ended_with_eos=np.zeros(args.rows, bool),
       texts=[" ".join(map(str, c[:20])) + " so the answer is 42" for c in completions])
 
-  sample_s = _best(lambda: sampler(params, prompts, jax.random.key(1)), args.repeats)
-  model_s = _best(lambda: model_reward(batch), args.repeats)
-  rule_s = _best(lambda: rule(batch), args.repeats)
+  sample_s = best_of(lambda: sampler(params, prompts, jax.random.key(1)), args.repeats, warmup=1)[0]
+  model_s = best_of(lambda: model_reward(batch), args.repeats, warmup=1)[0]
+  rule_s = best_of(lambda: rule(batch), args.repeats, warmup=1)[0]
   print(f"Pythia-160M shapes, float32, {os.cpu_count()} CPU threads, jax {jax.__version__}; "
         f"one searcher batch of {args.rows} rows, prompt {args.prompt_len} + "
         f"{args.new_tokens} new tokens (best of {args.repeats})")

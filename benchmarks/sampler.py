@@ -25,6 +25,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GSM8K = os.path.join(REPO, "tests", "data", "gsm8k_test.jsonl")
 sys.path.insert(0, REPO)  # run as a script from a checkout, installed or not
 
+from benchmarks.timing import best_of  # noqa: E402
+
 
 def _prompts(tokenizer, batch: int) -> list[list[int]]:
   with open(GSM8K) as f:
@@ -48,18 +50,6 @@ def _peak_rss_mb() -> float:
         return int(line.split()[1]) / 1024
   return float("nan")
 
-
-def _best_of(repeats, fn):
-  """(seconds, result) of the fastest of `repeats` calls of fn()."""
-  best = None
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    out = fn()
-    dt = time.perf_counter() - t0
-    best = (dt, out) if best is None or dt < best[0] else best
-  return best
-
-
 def _run_jax(path, batches, new_tokens, repeats):
   import jax
   from tba_jax import hf_checkpoints, sampler, tokenizer as tokenizer_lib
@@ -74,7 +64,7 @@ def _run_jax(path, batches, new_tokens, repeats):
     t0 = time.perf_counter()
     out = s(params, prompts, jax.random.key(0))  # compiles
     first = time.perf_counter() - t0
-    dt, out = _best_of(repeats, lambda: s(params, prompts, jax.random.key(0)))
+    dt, out = best_of(lambda: s(params, prompts, jax.random.key(0)), repeats)
     assert out.tokens.shape == (b, new_tokens) and (out.lengths == new_tokens).all()
     stats = device.memory_stats() or {}
     results.append(dict(batch=b, seconds=dt, first_call_seconds=first,
@@ -104,7 +94,7 @@ def _run_transformers(path, batches, new_tokens, repeats):
     _reset_peak_rss()
     with torch.inference_mode():
       model.generate(**{**kw, "max_new_tokens": 2, "min_new_tokens": 2})  # warm up
-      dt, out = _best_of(repeats, lambda: model.generate(**kw))
+      dt, out = best_of(lambda: model.generate(**kw), repeats)
     assert out.shape == (b, width + new_tokens)
     results.append(dict(batch=b, seconds=dt, peak_rss_mb=_peak_rss_mb()))
   return dict(device=f"torch {torch.__version__} CPU, {torch.get_num_threads()} threads",

@@ -15,20 +15,10 @@ step and of its three parts, each the best of `repeats` timed runs after a compi
 """
 import argparse
 import os
-import time
 
 import numpy as np
 
-
-def _best(fn, repeats: int) -> float:
-  fn()  # compiles
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return min(times)
-
+from benchmarks.timing import best_of
 
 def pythia410m(num_labels: int = 0):
   from tba_jax.model_config import ModelConfig
@@ -81,10 +71,10 @@ def main():
                               completions=completions, ended_with_eos=np.zeros(len(rows), bool),
                               texts=[""] * len(rows))
 
-  step_s = _best(searcher.search_once, args.repeats)
-  sample_s = _best(lambda: sampler(policy, rows, jax.random.key(1)), args.repeats)
-  reference_s = _best(lambda: searcher._reference_logprobs(rows, out), args.repeats)
-  reward_s = _best(lambda: searcher.reward(batch), args.repeats)
+  step_s = best_of(searcher.search_once, args.repeats, warmup=1)[0]
+  sample_s = best_of(lambda: sampler(policy, rows, jax.random.key(1)), args.repeats, warmup=1)[0]
+  reference_s = best_of(lambda: searcher._reference_logprobs(rows, out), args.repeats, warmup=1)[0]
+  reward_s = best_of(lambda: searcher.reward(batch), args.repeats, warmup=1)[0]
   n = len(rows)
   print(f"Pythia-410M shapes (policy, reference, reward model), float32, random weights, "
         f"{os.cpu_count()} CPU threads, jax {jax.__version__}; one searcher step: "

@@ -260,6 +260,9 @@ def _base() -> ml_collections.ConfigDict:
       max_new_tokens=512,
       min_new_tokens=0,      # EOS masked until this many tokens were sampled
       batch_size=64,
+      devices="trainer",     # where it runs: "trainer" (this process's trainer devices, idle
+                             # while it evaluates; the searchers keep sampling) or "searcher"
+                             # (searcher 0's). One device: the shared one either way.
   )
   c.checkpoint = dict(every=100, max_to_keep=3)
   c.log = dict(every=1, tensorboard=True, wandb_project="")

@@ -119,8 +119,9 @@ def _common(c):
                   priority="reward", reward_weight=1.0, reward_tau=1.0, near_duplicate=0.0,
                   freeze_step=4000, prefill=512)
   c.sync.update(every=10, mode="async")
+  # Searcher 0's devices: the victim and the judge live there (before and after training).
   c.eval.update(every=0, num_problems=0, greedy=False, num_samples=1024, max_new_tokens=20,
-                min_new_tokens=5, batch_size=256)
+                min_new_tokens=5, batch_size=256, devices="searcher")
   c.checkpoint.update(every=500)
 
 

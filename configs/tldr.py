@@ -160,7 +160,9 @@ def _common(c):
       greedy=False,          # no argmax pass: the paper samples near-greedily instead
       num_samples=1,         # one generation per prompt ...
       temperature=0.010001,  # ... at the authors' evaluation temperature
-      max_new_tokens=128, batch_size=64)
+      max_new_tokens=128, batch_size=64,
+      # Searcher 0's devices: the gold model and the reference live there (memory table).
+      devices="searcher")
   c.checkpoint.update(every=64, max_to_keep=3)
   c.export = True  # write the final policy to WORKDIR/export (Hugging Face format)
 

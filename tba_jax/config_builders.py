@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import os
 
 import jax
@@ -69,6 +70,16 @@ def meshes(mesh_cfg, mode: str):
   trainer = [d for p in range(jax.process_count())
              for d in [d for d in jax.devices() if d.process_index == p][:n]]
   return sharding.make_mesh("trainer", trainer, mesh_cfg.trainer_tensor), searchers, mode
+
+
+def evaluation_mesh(devices: str, trainer_mesh, searcher_meshes, trainer_tensor: int):
+  """Where evaluation runs (config eval.devices): searcher 0's mesh, or a searcher-role
+  mesh over this process's trainer devices (each process evaluates its own problems).
+  With one device both are the shared device: searcher 0's mesh."""
+  local = [d for d in trainer_mesh.devices.flat if d.process_index == jax.process_index()]
+  if devices == "searcher" or set(local) == set(searcher_meshes[0].devices.flat):
+    return searcher_meshes[0]
+  return sharding.make_mesh("searcher", local, math.gcd(trainer_tensor, len(local)))
 
 
 def load_model(model_cfg, tokenizer, dtype: str, trainer_mesh, seed: int):

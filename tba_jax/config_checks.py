@@ -27,6 +27,7 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "sync.weights_dtype": ("", "float32", "bfloat16"),
     "model.add_bos": ("auto", "on", "off"),
+    "eval.devices": ("trainer", "searcher"),
     "optim.moments_dtype": ("float32", "bfloat16"),
     "fault.stop_signal": ("SIGKILL", "SIGTERM"),  # faults.SIGNALS
 }

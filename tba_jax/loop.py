@@ -40,7 +40,7 @@ import numpy as np
 import tqdm
 
 from tba_jax import config_checks, distributed, faults, hf_checkpoints, lora, model, run_info
-from tba_jax import train_step
+from tba_jax import sharding, train_step
 from tba_jax import config_builders as build
 from tba_jax import weight_sync
 from tba_jax.checkpoint import Checkpointer
@@ -110,7 +110,12 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   # Searchers (and evaluation) run in the published dtype, not the float32 of master
   # weights: their activations and KV cache are bfloat16 on accelerators.
   searcher_cfg = model_cfg.replace(dtype=searcher_dtype)
-  publish = build.publisher(model_cfg, base, searcher_meshes, searcher_dtype, trainer_mesh)
+  # Evaluation runs on this process's trainer devices (idle meanwhile) or searcher 0's.
+  eval_mesh = build.evaluation_mesh(c.eval.devices, trainer_mesh, searcher_meshes,
+                                    c.mesh.trainer_tensor)
+  meshes = searcher_meshes if eval_mesh in searcher_meshes else [*searcher_meshes, eval_mesh]
+  eval_index = meshes.index(eval_mesh)
+  publish = build.publisher(model_cfg, base, meshes, searcher_dtype, trainer_mesh)
 
   # ----- Trainer --------------------------------------------------------------
   o = c.optim
@@ -148,13 +153,22 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
                              prompt_tokens=prompt_tokens, max_prompt_len=tp, seed=c.seed,
                              max_restarts=c.searcher.max_restarts, fault_cfg=c.fault,
                              in_flight_updates=c.sync.in_flight_updates)
-  evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg,
-                              searcher_meshes[0], tp, progress=is_main)
+  evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg, eval_mesh, tp,
+                              progress=is_main)
 
-  def evaluate(params, step):
-    # The reference searcher 0 scores with (on the evaluation devices), for a task's metrics.
-    return evaluator(publish(params, 0), jax.random.fold_in(jax.random.key(c.seed + 1), step),
-                     reference=pool.searchers[0].ref_params)
+  def evaluate(params, step, wall_time=None):
+    """Evaluates `params`, writes the scores and the evaluation's time; returns the scores."""
+    start = time.perf_counter()
+    reference = None
+    if task.evaluation is not None:  # a task's metrics may read the reference searcher 0 uses
+      sr = pool.searchers[0]
+      reference = sr.ref_params if eval_index == 0 else jax.device_put(
+          sr.ref_params, sharding.param_shardings(sr.ref_model_config, "searcher", eval_mesh))
+    scores = evaluator(publish(params, eval_index),
+                       jax.random.fold_in(jax.random.key(c.seed + 1), step), reference=reference)
+    metrics_writer.write(step, {**scores, "eval_seconds": time.perf_counter() - start},
+                         wall_time=wall_time)
+    return scores
 
   # ----- Resume -------------------------------------------------------------------
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), c.checkpoint.max_to_keep)
@@ -229,7 +243,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   try:
     # ----- Evaluate the starting policy --------------------------------------------
     if start_step == 0:
-      metrics_writer.write(0, evaluate(state.params, 0), wall_time=0.0)
+      evaluate(state.params, 0, wall_time=0.0)
 
     # ----- Pre-fill the buffer (a resumed run has its buffer back) ------------------
     if mode == "async" and training:
@@ -333,7 +347,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
                                                                 due)
       last_step = done == c.num_train_steps or out_of_time
       if due and not last_step:
-        metrics_writer.write(done, evaluate(state.params, done))
+        evaluate(state.params, done)
         last_eval = time.perf_counter()
       if terminate:
         return preempted(done, state, reference)
@@ -346,7 +360,6 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
 
     # ----- Finish: final evaluation and export -------------------------------------------
     final = evaluate(state.params, last)
-    metrics_writer.write(last, final)
     if c.export:
       _export(model_cfg.replace(dtype=c.model.dtype), state.params, tokenizer,
               os.path.join(workdir, "export"), is_main, base=base,

@@ -66,7 +66,8 @@ def describe(c, *, trainer_mesh, searcher_meshes, mode: str, model_config, num_p
                 "dtype": c.model.dtype, "master_dtype": str(model_config.dtype),
                 "searcher_dtype": c.sync.weights_dtype or c.model.dtype, **lora_info},
       "task": {"name": c.task.name, "train_problems": len(task.train),
-               "test_problems": len(task.test), "eval_problems": num_eval_problems},
+               "test_problems": len(task.test), "eval_problems": num_eval_problems,
+               "eval_devices": c.eval.devices},
       "batch": {"prompts": b.num_prompts, "samples_per_prompt": b.samples_per_prompt,
                 "m": b.m, "sync_every": c.sync.every, "searcher_prompts": s.num_prompts_per_batch,
                 "searcher_samples_per_prompt": s.num_samples_per_prompt,
@@ -104,7 +105,7 @@ def banner(setup: dict, workdir: str) -> str:
          f"{m['lora']['targets']}: {m['lora']['trained_parameters'] / 1e6:.2f}M parameters "
          f"trained ({m['lora']['dtype']}), the base frozen"] if "lora" in m else []),
       f"  task      {ta['name']}: {ta['train_problems']} train / {ta['test_problems']} test "
-      f"problems, {ta['eval_problems']} evaluated",
+      f"problems, {ta['eval_problems']} evaluated on the {ta['eval_devices']}'s devices",
       f"  batch     {ba['prompts']} prompts x {ba['samples_per_prompt']} samples, m={ba['m']}, "
       f"sync every {ba['sync_every']} steps; {searching}",
       f"  beta      {setup['beta']}",

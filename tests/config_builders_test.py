@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from configs import gsm8k as gsm8k_config
-from tba_jax import config_builders, loop
+from tba_jax import config_builders, loop, sharding
 from tba_jax.config_checks import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,3 +96,17 @@ def test_loop_run_applies_num_cpu_devices_or_says_it_cannot(tmp_path):
   assert "ConfigError: mesh.num_cpu_devices=2, but JAX started with 1 CPU device(s)" in \
       out.stderr and "(alternate, not async)" in out.stderr, out.stderr[-2000:]
   assert not (tmp_path / "late").exists()
+
+
+def test_evaluation_runs_on_this_processs_trainer_devices_or_searcher_zeros():
+  devices = jax.devices()[:6]
+  trainer = sharding.make_mesh("trainer", devices[:2], 2)
+  searchers = [sharding.make_mesh("searcher", devices[i:i + 2]) for i in (2, 4)]
+  on_trainer = config_builders.evaluation_mesh("trainer", trainer, searchers, 2)
+  assert list(on_trainer.devices.flat) == devices[:2]
+  assert dict(on_trainer.shape) == {"data": 1, "tensor": 2}  # the trainer's tensor axis
+  assert config_builders.evaluation_mesh("searcher", trainer, searchers, 2) is searchers[0]
+  # One device: the roles share it, and so does evaluation.
+  shared = [sharding.make_mesh("searcher", devices[:1])]
+  one = sharding.make_mesh("trainer", devices[:1])
+  assert config_builders.evaluation_mesh("trainer", one, shared, 1) is shared[0]

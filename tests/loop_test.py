@@ -429,3 +429,25 @@ def test_a_reward_model_scores_the_run_through_the_reward_stage(tmp_path, monkey
     want = model.scores(rm_cfg, rm, tokens, np.ones_like(tokens))[0, 0]  # (may sample the pad id)
     assert e.reward == pytest.approx(float(want), abs=1e-4)
   assert len({round(e.reward, 4) for e in entries}) > 2  # real scores, not a constant
+
+
+@pytest.mark.parametrize("where", ["trainer", "searcher"])
+def test_evaluation_runs_where_eval_devices_says_and_logs_its_time(tmp_path, monkeypatch, where):
+  seen = []
+  real = config_builders.evaluator
+
+  def recording(*args, **kw):
+    seen.append(set(args[5].devices.flat))  # the evaluation mesh
+    return real(*args, **kw)
+
+  monkeypatch.setattr(config_builders, "evaluator", recording)
+  c = tiny_config(num_train_steps=2, mesh=dict(num_devices=3, num_trainer_devices=1,
+                                               num_searchers=2),
+                  sync=dict(mode="async", every=2), buffer=dict(prefill=8),
+                  eval=dict(every=1, devices=where))
+  loop.run(c, str(tmp_path), task=toy_task(c))
+  devices = jax.devices()
+  assert seen == [{devices[0]} if where == "trainer" else {devices[1]}]
+  evals = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "eval/greedy_pass@1" in r]
+  assert [r["step"] for r in evals] == [0, 1, 2]
+  assert all(r["eval_seconds"] > 0 for r in evals)
