@@ -299,7 +299,7 @@ def test_every_run_records_its_setup_in_its_first_metrics_row(tmp_path):
   assert setup["model"]["parameters"] == sum(
       x.size for x in jax.tree.leaves(init_params(ModelConfig(**c.model.random.to_dict()), 0)))
   assert setup["task"] == {"name": "arithmetic", "train_problems": 12, "test_problems": 4,
-                           "eval_problems": 2}
+                           "eval_problems": 2, "eval_devices": "trainer"}
   assert setup["beta"] == "0.1 at every step (tb)"
   assert setup["lr"] == "0.001 at every step (constant)"
 
