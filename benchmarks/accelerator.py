@@ -7,7 +7,9 @@ A random-init model of RhoMath-1B's shape (Llama, 22 layers, dim 2048,
 32 heads / 4 kv heads, vocab 32000) in bfloat16.
 - Sampler: generated tokens/s at --sampler_batches, greedy, --new_tokens, no
   EOS; the memory-bandwidth roofline fraction = (weight bytes + mean KV-cache
-  bytes read per decode step) / decode-step time / HBM bandwidth.
+  bytes read per decode step) / decode-step time / HBM bandwidth. The same for
+  the streaming sampler (continuous batching) at --stream_slots slots, 2 x
+  slots rows each.
 - Trainer: one TB update (float32 master weights, bfloat16 compute) on
   --train_batch sequences of --train_len tokens; model FLOPs utilisation =
   6 x params x tokens / step time / peak bf16 FLOP/s.
@@ -31,6 +33,8 @@ def main():
   parser.add_argument("--hbm_gbps", type=float, default=4800.0)
   parser.add_argument("--peak_tflops", type=float, default=989.0)
   parser.add_argument("--sampler_batches", default="8,64,256")
+  parser.add_argument("--stream_slots", default="64,256",
+                      help="continuous batching: slot counts (2 x slots rows each)")
   parser.add_argument("--prompt_len", type=int, default=128)
   parser.add_argument("--new_tokens", type=int, default=256)
   parser.add_argument("--train_batch", type=int, default=16)
@@ -79,6 +83,25 @@ def main():
                                 "hbm_roofline_fraction": roofline}
     print(f"sampler batch {b:>4}: {tps:>9.0f} tok/s, decode step {step * 1e3:6.2f} ms, "
           f"{roofline:5.1%} of the HBM roofline")
+
+  # ----- Streaming sampler (continuous batching) -----------------------------------------
+  # 2 x N rows through N slots (every slot refilled once), no EOS: the pool's own cost.
+  # The step time includes the prefills (an upper bound), so the roofline is a lower bound.
+  for n in (int(x) for x in args.stream_slots.split(",") if x):
+    sampler = Sampler(cfg, max_new_tokens=args.new_tokens, greedy=True, mesh=mesh, num_slots=n,
+                      prompt_buckets=(args.prompt_len,))
+    prompts = [list(rng.integers(3, cfg.vocab_size, args.prompt_len)) for _ in range(2 * n)]
+    sampler(params, prompts, jax.random.key(0))  # compile
+    seconds = median_seconds(lambda: sampler(params, prompts, jax.random.key(1)), args.repeats)
+    step = seconds / (2 * args.new_tokens)
+    mean_slots = args.prompt_len + args.new_tokens // 2
+    kv_bytes = 2 * cfg.num_layers * n * mean_slots * cfg.num_kv_heads * cfg.head_dim * 2
+    roofline = (weight_bytes + kv_bytes) / step / (args.hbm_gbps * 1e9)
+    tps = 2 * n * args.new_tokens / seconds
+    results[f"streaming_{n}_slots"] = {"tokens_per_s": tps, "step_ms": step * 1e3,
+                                       "hbm_roofline_fraction": roofline}
+    print(f"streaming {n:>4} slots: {tps:>9.0f} tok/s, step {step * 1e3:6.2f} ms (prefill "
+          f"included), {roofline:5.1%} of the HBM roofline")
 
   # ----- Trainer ------------------------------------------------------------------
   trainer_mesh = sharding.make_mesh("trainer", [device])

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One accelerator, a few minutes: sampler tokens/s and HBM roofline fraction, trainer MFU,
+# One accelerator, a few minutes: sampler tokens/s and HBM roofline fraction (static batches
+# and the streaming sampler at 64 and 256 slots), trainer MFU,
 # weight-sync time (benchmarks/accelerator.py), then a short asynchronous GSM8K-format run
 # of a random-init model of RhoMath-1B's shape. Everything goes to ${OUT:-/tmp/tba_gpu}.
 #

@@ -73,7 +73,8 @@ def main():
 
   step_s = best_of(searcher.search_once, args.repeats, warmup=1)[0]
   sample_s = best_of(lambda: sampler(policy, rows, jax.random.key(1)), args.repeats, warmup=1)[0]
-  reference_s = best_of(lambda: searcher._reference_logprobs(rows, out), args.repeats, warmup=1)[0]
+  reference_s = best_of(lambda: searcher._reference_logprobs(rows, completions), args.repeats,
+                        warmup=1)[0]
   reward_s = best_of(lambda: searcher.reward(batch), args.repeats, warmup=1)[0]
   n = len(rows)
   print(f"Pythia-410M shapes (policy, reference, reward model), float32, random weights, "
