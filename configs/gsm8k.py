@@ -360,15 +360,28 @@ def _tiny(c):
   c.checkpoint.update(every=3)
 
 
-def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
-  """`arg`: "VARIANT" or "VARIANT,key=value,..." (e.g. "tiny,num_train_steps=3")."""
-  variant, *overrides = (arg or "cpu").split(",")
-  if variant not in VARIANTS:
-    raise ValueError(f"unknown variant {variant!r} of configs/gsm8k.py; choose from {VARIANTS}")
+def from_recipes(arg: str, file: str, recipes: dict, common=None) -> ml_collections.ConfigDict:
+  """The config of `arg` ("VARIANT" or "VARIANT,key=value,...", e.g. "tiny,num_train_steps=3";
+  "" = the first recipe): the base above, `common` and the variant's recipe applied to it,
+  then the overrides (each key must exist), locked. `file` names the config file in errors."""
+  variant, *overrides = (arg or next(iter(recipes))).split(",")
+  if variant not in recipes:
+    raise ValueError(f"unknown variant {variant!r} of {file}; choose from {tuple(recipes)}")
   c = _base()
-  {"cpu": _cpu, "rho1b": _rho1b, "rho1b_stable": _rho1b_stable, "qwen": _qwen,
-   "qwen_lora": _qwen_lora, "tiny": _tiny}[variant](c)
+  if common is not None:
+    common(c)
+  recipes[variant](c)
   c.variant = variant
   config_checks.apply_overrides(c, overrides)
   c.lock()
   return c
+
+
+RECIPES = {"cpu": _cpu, "rho1b": _rho1b, "rho1b_stable": _rho1b_stable, "qwen": _qwen,
+           "qwen_lora": _qwen_lora, "tiny": _tiny}
+assert tuple(RECIPES) == VARIANTS
+
+
+def get_config(arg: str = "cpu") -> ml_collections.ConfigDict:
+  """`arg`: "VARIANT" or "VARIANT,key=value,..." (e.g. "tiny,num_train_steps=3")."""
+  return from_recipes(arg, "configs/gsm8k.py", RECIPES)

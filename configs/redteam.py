@@ -79,7 +79,6 @@ Settings (gpt2; llama differs where noted):
 import ml_collections
 
 from configs import gsm8k
-from tba_jax import config_checks
 
 VARIANTS = ("gpt2", "llama", "tiny")
 
@@ -166,14 +165,10 @@ def _tiny(c):
   c.checkpoint.update(every=2)
 
 
+RECIPES = {"gpt2": _gpt2, "llama": _llama, "tiny": _tiny}
+assert tuple(RECIPES) == VARIANTS
+
+
 def get_config(arg: str = "gpt2") -> ml_collections.ConfigDict:
   """`arg`: "VARIANT" or "VARIANT,key=value,..." (e.g. "tiny,num_train_steps=3")."""
-  variant, *overrides = (arg or "gpt2").split(",")
-  if variant not in VARIANTS:
-    raise ValueError(f"unknown variant {variant!r} of configs/redteam.py; choose from {VARIANTS}")
-  c = gsm8k._base()
-  {"gpt2": _gpt2, "llama": _llama, "tiny": _tiny}[variant](c)
-  c.variant = variant
-  config_checks.apply_overrides(c, overrides)
-  c.lock()
-  return c
+  return gsm8k.from_recipes(arg, "configs/redteam.py", RECIPES)

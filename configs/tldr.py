@@ -97,7 +97,6 @@ import os
 import ml_collections
 
 from configs import gsm8k
-from tba_jax import config_checks
 
 VARIANTS = ("pythia410m", "pythia1b", "pythia2p8b", "pythia410m_table1", "tiny")
 TINY_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tldr_tiny")
@@ -210,16 +209,11 @@ def _tiny(c):
   c.checkpoint.update(every=3)
 
 
+RECIPES = {"pythia410m": lambda c: _pythia(c, "410m", 2), "pythia1b": lambda c: _pythia(c, "1b", 1),
+           "pythia2p8b": _pythia2p8b, "pythia410m_table1": _table1, "tiny": _tiny}
+assert tuple(RECIPES) == VARIANTS
+
+
 def get_config(arg: str = "pythia410m") -> ml_collections.ConfigDict:
   """`arg`: "VARIANT" or "VARIANT,key=value,..." (e.g. "tiny,num_train_steps=3")."""
-  variant, *overrides = (arg or "pythia410m").split(",")
-  if variant not in VARIANTS:
-    raise ValueError(f"unknown variant {variant!r} of configs/tldr.py; choose from {VARIANTS}")
-  c = gsm8k._base()
-  _common(c)
-  {"pythia410m": lambda c: _pythia(c, "410m", 2), "pythia1b": lambda c: _pythia(c, "1b", 1),
-   "pythia2p8b": _pythia2p8b, "pythia410m_table1": _table1, "tiny": _tiny}[variant](c)
-  c.variant = variant
-  config_checks.apply_overrides(c, overrides)
-  c.lock()
-  return c
+  return gsm8k.from_recipes(arg, "configs/tldr.py", RECIPES, common=_common)
