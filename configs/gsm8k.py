@@ -239,6 +239,10 @@ def _base() -> ml_collections.ConfigDict:
       max_restarts=3,        # a searcher whose batch raises is restarted (its prompts re-queued,
                              # the latest weights) up to this many times per run; then, or when
                              # the same prompt fails again, the run stops after a checkpoint
+      mismatch_every=1,      # every N-th batch a searcher recomputes its samples' log-probs with
+                             # the trainer's function under the weights it sampled with; the
+                             # gap is `sampler_mismatch` (~0: same numbers; 0 = off, saves a
+                             # forward pass per batch)
   )
   c.sync = dict(
       every=2,               # k: trainer steps between weight syncs / buffer merges
@@ -260,6 +264,8 @@ def _base() -> ml_collections.ConfigDict:
       max_new_tokens=512,
       min_new_tokens=0,      # EOS masked until this many tokens were sampled
       batch_size=64,
+      save_samples=True,     # write every evaluation's completions (text, reward) to
+                             # WORKDIR/eval_samples/step_NNNNNN.jsonl (process 0's share)
       devices="trainer",     # where it runs: "trainer" (this process's trainer devices, idle
                              # while it evaluates; the searchers keep sampling) or "searcher"
                              # (searcher 0's). One device: the shared one either way.

@@ -71,3 +71,16 @@ def from_entries(entries: Sequence[Entry], tp: int, tc: int, pad_id: int,
       behaviour_logprobs=beh, rewards=np.array([e.reward for e in entries], np.float32),
       group_ids=np.array([e.prompt_id for e in entries], np.int32),
       versions=np.array([e.version for e in entries], np.int32))
+
+
+def distinct_fraction(batch: TrainBatch) -> float:
+  """Mean over the batch's groups of (distinct completions in the group) / (its rows).
+
+  1.0: every sample of a prompt differs; 1/K: the K samples are one completion (the
+  policy has collapsed on that prompt, or the buffer had fewer than K to draw from).
+  """
+  completions = batch.tokens[:, batch.prompt_len:]
+  groups: dict[int, list[bytes]] = {}
+  for gid, row in zip(batch.group_ids.tolist(), completions):
+    groups.setdefault(gid, []).append(row.tobytes())
+  return float(np.mean([len(set(rows)) / len(rows) for rows in groups.values()]))

@@ -35,7 +35,7 @@ from tba_jax.entries import Entry
 
 # Top-level config sections / keys that may change between a run and its resume.
 RESUMABLE_KEYS = ("num_train_steps", "max_train_seconds", "eval", "log", "checkpoint",
-                  "searcher.max_restarts", "fault")
+                  "searcher.max_restarts", "searcher.mismatch_every", "fault")
 
 
 class ConfigMismatchError(ValueError):

@@ -256,7 +256,8 @@ def redteam_task(r) -> Task:
 def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, meshes, *,
                   publish, params, reference, prompt_tokens: dict[int, list[int]],
                   max_prompt_len: int, seed: int, max_restarts: int,
-                  fault_cfg, in_flight_updates: bool = True) -> SearcherPool:
+                  fault_cfg, in_flight_updates: bool = True,
+                  mismatch_every: int = 0) -> SearcherPool:
   """This process's searchers, one per mesh, with the task's reward stage built on each.
 
   `publish(params, i)` places params on searcher i's devices; `params` are the trainer's
@@ -303,7 +304,8 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
         prompt_tokens=prompt_tokens, problems=problems, decode=tokenizer.decode,
         reward=reward, num_prompts=s.num_prompts_per_batch,
         num_samples=s.num_samples_per_prompt, max_prompt_len=max_prompt_len, seed=seed,
-        explore=Exploration(s.explore_prob, s.explore_low, s.explore_high), **streaming))
+        explore=Exploration(s.explore_prob, s.explore_low, s.explore_high),
+        mismatch_every=mismatch_every, **streaming))
   return SearcherPool(searchers, publish=publish, max_prompt_len=max_prompt_len,
                       max_completion_len=s.max_new_tokens, max_restarts=max_restarts)
 

@@ -52,7 +52,8 @@ AT_LEAST_ZERO = (
     "eval.num_problems", "eval.num_samples", "eval.temperature", "searcher.max_restarts",
     "fault.searcher_fail_at", "fault.searcher", "fault.stop_at_step", "fault.stop_process",
     "model.lora.rank", "sampler.min_new_tokens", "eval.min_new_tokens", "buffer.near_duplicate",
-    "buffer.freeze_step", "optim.linear_decay_steps", "sampler.num_slots")
+    "buffer.freeze_step", "optim.linear_decay_steps", "sampler.num_slots",
+    "searcher.mismatch_every")
 # Closed intervals [low, high].
 INTERVALS = {
     "buffer.m": (0.0, 1.0), "buffer.reward_weight": (0.0, 1.0), "optim.b1": (0.0, 1.0),

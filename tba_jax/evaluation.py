@@ -56,6 +56,9 @@ class Evaluator:
   metrics: MetricsFn | None = None  # the task's own metrics, per pass (module docstring)
   model_config: Any = None  # the policy's, for the metrics (Policy)
   progress: bool = True
+  # The completions of the latest call, one dict each (pass, problem_id, question,
+  # completion, reward), for WORKDIR/eval_samples/ (eval.save_samples).
+  samples: list = dataclasses.field(default_factory=list)
 
   def _run(self, generate, params, indices, repeats, key, desc):
     """(rewards [len(indices), repeats], every completion as one RewardBatch) for the
@@ -108,15 +111,20 @@ class Evaluator:
     sampled = self.sampled is not None and self.num_samples > 0
     both = self.greedy is not None and sampled  # the task's metrics then name their pass
     sums = {}
+    self.samples = []
     if self.greedy is not None:
       r, batch = self._run(self.greedy, params, indices, 1, key, "eval greedy")
       sums["greedy_pass@1"] = r.sum()
+      sums["greedy_pass@1_se"] = self._se_term(r)
+      self._keep("greedy", batch, r)
       sums.update(self._task_metrics(batch, policy, "greedy_" if both else "", len(indices)))
     if sampled:
       n = self.num_samples
       r, batch = self._run(self.sampled, params, indices, n, jax.random.fold_in(key, 1),
                            "eval sampled")
       sums["sampled_pass@1"] = r.mean(axis=1).sum()
+      sums["sampled_pass@1_se"] = self._se_term(r)
+      self._keep("sampled", batch, r)
       sums[f"pass@{n}"] = (r.max(axis=1) > 0).sum()
       sums.update(self._task_metrics(batch, policy, "sampled_" if both else "", len(indices)))
       if self.answer is not None:
@@ -128,4 +136,23 @@ class Evaluator:
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
       totals = np.asarray(multihost_utils.process_allgather(totals)).sum(axis=0)
-    return {f"eval/{k}": float(v / totals[-1]) for k, v in zip(names, totals[:-1])}
+    out = {f"eval/{k}": float(v / totals[-1]) for k, v in zip(names, totals[:-1])}
+    for k in [k for k in out if k.endswith("_se")]:
+      # Summed squares (above) -> the standard error of the mean over problems:
+      # sqrt((E[x^2] - E[x]^2) / (n - 1)) with x a problem's pass rate.
+      mean, n = out[k[:-3]], totals[-1]
+      out[k] = float(np.sqrt(max(out[k] - mean * mean, 0.0) / max(n - 1, 1)))
+    return out
+
+  @staticmethod
+  def _se_term(rewards: np.ndarray) -> float:
+    """The sum over this process's problems of (a problem's mean reward)^2: with the
+    mean, what the standard error over problems needs (summed across processes)."""
+    return float(np.sum(rewards.mean(axis=1) ** 2))
+
+  def _keep(self, name: str, batch: RewardBatch, rewards: np.ndarray) -> None:
+    """The pass's completions as rows for `samples` (the loop may write them out)."""
+    for problem, text, reward in zip(batch.problems, batch.texts, rewards.reshape(-1)):
+      self.samples.append({"pass": name, "problem_id": problem.id,
+                           "question": problem.question, "completion": text,
+                           "reward": float(reward)})

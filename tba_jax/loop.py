@@ -40,11 +40,12 @@ import numpy as np
 import tqdm
 
 from tba_jax import config_checks, distributed, faults, hf_checkpoints, lora, model, run_info
+from tba_jax import batch as batch_lib
 from tba_jax import sharding, train_step
 from tba_jax import config_builders as build
 from tba_jax import weight_sync
 from tba_jax.checkpoint import Checkpointer
-from tba_jax.metrics import LatestFractionWatch, MetricsWriter
+from tba_jax.metrics import LatestFractionWatch, MetricsWriter, PeakWatch
 from tba_jax.model import ModelConfig
 from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.searcher_pool import SearcherError
@@ -57,6 +58,10 @@ __all__ = ["run", "SearcherError", "FINISHED_FILE"]
 FINISHED_FILE = "finished.json"
 # With LoRA, the export's subdirectory holding the adapter in PEFT's format.
 ADAPTER_DIR = "adapter"
+# eval.save_samples: every evaluation's completions, WORKDIR/eval_samples/step_NNNNNN.jsonl.
+SAMPLES_DIR = "eval_samples"
+# The held-out metric whose fall below its running peak is warned about (the first present).
+_PEAK_METRICS = ("eval/sampled_pass@1", "eval/greedy_pass@1")
 
 
 
@@ -152,7 +157,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
                              publish=publish, params=state.params, reference=reference,
                              prompt_tokens=prompt_tokens, max_prompt_len=tp, seed=c.seed,
                              max_restarts=c.searcher.max_restarts, fault_cfg=c.fault,
-                             in_flight_updates=c.sync.in_flight_updates)
+                             in_flight_updates=c.sync.in_flight_updates,
+                             mismatch_every=c.searcher.mismatch_every)
   evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg, eval_mesh, tp,
                               progress=is_main)
 
@@ -168,6 +174,15 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
                        jax.random.fold_in(jax.random.key(c.seed + 1), step), reference=reference)
     metrics_writer.write(step, {**scores, "eval_seconds": time.perf_counter() - start},
                          wall_time=wall_time)
+    if is_main and c.eval.save_samples:
+      _write_samples(os.path.join(workdir, SAMPLES_DIR, f"step_{step:06d}.jsonl"),
+                     evaluator.samples)
+    name = next((k for k in _PEAK_METRICS if k in scores), None)
+    if name is not None:
+      watch = peak_watches.setdefault(name, PeakWatch("held-out " + name))
+      warning = watch(step, scores[name], scores.get(name + "_se", 0.0))
+      if warning and is_main:
+        tqdm.tqdm.write(warning)
     return scores
 
   # ----- Resume -------------------------------------------------------------------
@@ -232,6 +247,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   if is_main:
     print(run_info.banner(setup, workdir), flush=True)
   metrics_writer.start_segment(start_step, setup)
+  peak_watches: dict[str, PeakWatch] = {}
   training = start_step < c.num_train_steps  # else only the final evaluation is left
   terminated = threading.Event()
   previous_handler = _install_sigterm(terminated)
@@ -287,6 +303,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
           reward_weight=b.reward_weight, reuse_latest=b.reuse_latest)
       version = int(state.step)
       staleness = version - info["versions"]
+      distinct = batch_lib.distinct_fraction(batch)
       state, m = update(state, _to_global(batch, batch_sharding))
       m = jax.device_get(m)  # the trainer's one host sync per step
       dt = time.perf_counter() - t0
@@ -323,6 +340,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
         global_buffer.freeze_size()
       row = {k: float(v) for k, v in m.items()}
       row.update(step_seconds=dt, tokens_per_second=m["num_tokens"] / dt,
+                 distinct_completions=distinct,
                  staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
                  staleness_hist=np.bincount(np.minimum(staleness, 16)).tolist(),
                  fraction_from_latest=info["num_from_latest"] / b.num_prompts,
@@ -421,6 +439,14 @@ def _finished(workdir: str) -> dict | None:
     return None
   with open(path) as f:
     return json.load(f)
+
+
+def _write_samples(path: str, rows: list[dict]) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    for row in rows:
+      f.write(json.dumps(row) + "\n")
+  os.replace(path + ".tmp", path)
 
 
 def _write_json(path: str, value: dict) -> None:

@@ -61,6 +61,17 @@ def token_logprobs(logits: Array, tokens: Array, temperature: float = 1.0) -> Ar
   return picked - jax.nn.logsumexp(logits, axis=-1)
 
 
+def token_entropy(logits: Array, temperature: float = 1.0) -> Array:
+  """Entropy [N, T] (nats) of softmax(logits / T) at every position, in float32.
+
+  H = logsumexp(z) - sum_v softmax(z)_v z_v: a diagnostic of how spread out the
+  (tempered) policy is where the completions were sampled; not differentiated.
+  """
+  z = jax.lax.stop_gradient(logits).astype(jnp.float32) / temperature
+  lse = jax.nn.logsumexp(z, axis=-1)
+  return lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
+
+
 def sequence_logprobs(logits: Array, tokens: Array, mask: Array,
                       temperature: float = 1.0) -> Array:
   """Summed (not length-normalised) log-probs [N] of the tokens where mask > 0."""

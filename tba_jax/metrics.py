@@ -182,3 +182,30 @@ class LatestFractionWatch:
             f"sync over the last {self.window} steps (m = {self.m}); the searchers deliver "
             "too few fresh prompts per sync window (more searchers or prompts per searcher "
             "batch, a longer sync.every, or buffer.reuse_latest=True)")
+
+
+class PeakWatch:
+  """A warning when a held-out metric falls well below its running peak.
+
+  Call with every evaluation's (step, value, standard error); returns a message when
+  the value is more than max(`drop`, 2 x the two evaluations' combined standard
+  error) below the best so far, so that sampling noise alone rarely triggers it.
+  (Post-training runs often peak and then unlearn: issue "runs that keep improving".)
+  """
+
+  def __init__(self, name: str, drop: float = 0.05):
+    self.name, self.drop = name, drop
+    self.best: tuple[int, float, float] | None = None  # (step, value, standard error)
+
+  def __call__(self, step: int, value: float, stderr: float = 0.0) -> str | None:
+    """`value` of `name` at `step`, with its standard error (0: unknown)."""
+    if self.best is None or value > self.best[1]:
+      self.best = (step, value, stderr)
+      return None
+    best_step, best, best_se = self.best
+    margin = max(self.drop, 2.0 * math.hypot(stderr, best_se))
+    if best - value <= margin:
+      return None
+    return (f"warning: step {step}: {self.name} {value:.3f} is {best - value:.3f} below its "
+            f"peak {best:.3f} at step {best_step} (more than {margin:.3f}); the policy may be "
+            "drifting from what it learned (check kl, entropy, policy_drift in metrics.jsonl)")

@@ -113,6 +113,7 @@ class SearchStats:
   busy_seconds: float = 0.0
   reward_sum: float = 0.0
   tokens: int = 0
+  mismatch: float = float("nan")  # the latest sampler-vs-trainer check (_check_mismatch)
 
 
 class Searcher:
@@ -129,8 +130,9 @@ class Searcher:
                problems: dict[int, Problem], decode: Callable[[Sequence[int]], str],
                reward: RewardFn, num_prompts: int, num_samples: int, max_prompt_len: int,
                seed: int, ref_model_config: ModelConfig | None = None,
-               explore: Exploration = Exploration()):
+               explore: Exploration = Exploration(), mismatch_every: int = 0):
     self.id, self.sampler, self.explore, self.seed = searcher_id, sampler, explore, seed
+    self.mismatch_every = mismatch_every  # batches between sampler-vs-trainer checks (0: off)
     self.ref_params = ref_params  # frozen reference, on this searcher's devices
     self.ref_model_config = ref_model_config or sampler.model_config
     self.mailbox, self.stream = mailbox, stream
@@ -169,7 +171,8 @@ class Searcher:
                        temperature=temperature)
     entries = self._score(rows, [out.tokens[r, :out.lengths[r]] for r in range(len(rows))],
                           [out.tempered_logprobs[r, :out.lengths[r]] for r in range(len(rows))],
-                          [temperature] * len(rows), [(version, version)] * len(rows))
+                          [temperature] * len(rows), [(version, version)] * len(rows),
+                          policy=(version, params))
     with self._commit:  # a snapshot sees the whole batch, or its prompts in flight
       self._record(entries)
       self._in_flight = []
@@ -179,10 +182,14 @@ class Searcher:
     return len(rows)
 
   def _score(self, rows: list[int], completions: list[np.ndarray], behaviour: list[np.ndarray],
-             temperatures: list[float], versions: list[tuple[int, int]]) -> list[Entry]:
+             temperatures: list[float], versions: list[tuple[int, int]],
+             policy: tuple[int, Params] | None = None) -> list[Entry]:
     """Entries of completions[r] of prompt rows[r]: the reward stage scores them all in one
     batch, and the reference log-probs come from one forward pass. `behaviour` holds the
-    tempered per-token log-probs the sampler recorded; versions[r] = (oldest, newest)."""
+    tempered per-token log-probs the sampler recorded; versions[r] = (oldest, newest).
+    `policy` = (version, params) the rows of that version were sampled with: every
+    `mismatch_every`-th batch their log-probs are recomputed as the trainer would (module
+    doc: the sampler's numbers against the trainer's function, same weights)."""
     prompts = [self.prompt_tokens[i] for i in rows]
     eos = set(self.sampler.options.eos_ids)
     ended = np.array([c.size > 0 and int(c[-1]) in eos for c in completions])
@@ -192,7 +199,10 @@ class Searcher:
     if rewards.shape != (len(rows),):
       raise ValueError(f"the reward stage returned shape {rewards.shape} for {len(rows)} "
                        "completions; expected one reward per completion")
-    ref = self._reference_logprobs(prompts, completions)
+    ref = self._teacher_forced(self.ref_model_config, self.ref_params, prompts, completions)
+    if policy is not None and self.mismatch_every and \
+        self.stats.num_batches % self.mismatch_every == 0:
+      self._check_mismatch(policy, prompts, completions, behaviour, temperatures, versions)
     return [Entry(prompt_id=i, prompt=prompts[r], completion=completions[r],
                   reward=float(rewards[r]), ref_logprobs=ref[r, :completions[r].size],
                   behaviour_logprobs=behaviour[r], version=versions[r][0], searcher_id=self.id,
@@ -207,17 +217,33 @@ class Searcher:
     self.stats.reward_sum += float(sum(e.reward for e in entries))
     self.stats.tokens += sum(e.length for e in entries)
 
-  def _reference_logprobs(self, prompts: list[list[int]],
-                          completions: list[np.ndarray]) -> np.ndarray:
-    """[N, Tc] reference log-probs of the sampled completions, 0 past each one's end."""
+  def _check_mismatch(self, policy, prompts, completions, behaviour, temperatures, versions):
+    """stats.mismatch: mean over the rows sampled wholly under `policy`'s version (at the
+    sampler's own temperature) of |log pi(y)| recomputed by the trainer's function minus the
+    sampler's, in nats per sequence; ~1e-5 in float32, more in bfloat16 (numerics only)."""
+    version, params = policy
+    rows = [r for r, v in enumerate(versions) if v == (version, version) and
+            temperatures[r] == self.sampler.options.temperature]
+    if not rows:
+      return
+    lp = self._teacher_forced(self.sampler.model_config, params, [prompts[r] for r in rows],
+                              [completions[r] for r in rows])
+    gaps = [abs(float(np.sum(lp[i, :completions[r].size], dtype=np.float64) -
+                      np.sum(behaviour[r], dtype=np.float64))) for i, r in enumerate(rows)]
+    self.stats.mismatch = float(np.mean(gaps))
+
+  def _teacher_forced(self, model_config: ModelConfig, params: Params, prompts: list[list[int]],
+                      completions: list[np.ndarray]) -> np.ndarray:
+    """[N, Tc] per-token log-probs of the completions under `params` (the trainer's
+    function, at the sampler's temperature), 0 past each one's end."""
     n, tp, tc = len(prompts), self.max_prompt_len, self.sampler.options.max_new_tokens
     # Pad the batch to the sampler's batch bucket so this compiles once per bucket.
     b = next(b for b in self.sampler.batch_buckets if b >= n)
     tokens, mask = batch_lib.token_rows(prompts + [[]] * (b - n), completions + [[]] * (b - n),
                                         tp, tc, self.sampler.options.pad_id)
     place = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.sampler.mesh, 2))
-    lp = _completion_logprobs(self.ref_model_config, self.ref_params, place(tokens),
-                              place(mask), completion_len=tc,
+    lp = _completion_logprobs(model_config, params, place(tokens), place(mask),
+                              completion_len=tc,
                               temperature=self.sampler.options.temperature)
     return np.where(mask[:n, tp:] > 0, np.asarray(lp)[:n], 0.0)
 
@@ -248,7 +274,8 @@ class Searcher:
     with self._commit:
       stream = self.stream.state_dict()
       stream["requeued"] = self._in_flight + stream["requeued"]
-      stats = {k: v for k, v in dataclasses.asdict(self.stats).items() if k != "busy_seconds"}
+      stats = {k: v for k, v in dataclasses.asdict(self.stats).items()
+               if k not in ("busy_seconds", "mismatch")}
       return self.buffer.peek_new(), {"stream": stream, "stats": stats, **self._cursor()}
 
   def _cursor(self) -> dict:

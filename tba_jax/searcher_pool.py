@@ -210,4 +210,7 @@ class SearcherPool:
             "searcher_samples": samples,
             "searcher_reward_mean": sum(sr.stats.reward_sum for sr in self.searchers) /
                                     max(samples, 1),
-            "searcher_restarts": self._restarts_all}
+            "searcher_restarts": self._restarts_all,
+            # The latest sampler-vs-trainer check of this process's searchers (nan: none yet).
+            "sampler_mismatch": max((sr.stats.mismatch for sr in self.searchers),
+                                    key=lambda x: -1.0 if math.isnan(x) else x)}

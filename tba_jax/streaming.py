@@ -123,7 +123,8 @@ class StreamingSearcher(Searcher):
       entries = self._score([group.prompt_id for group, _ in rows],
                             [c.tokens for _, c in rows], [c.tempered_logprobs for _, c in rows],
                             [group.temperature for group, _ in rows],
-                            [(c.first_version, c.last_version) for _, c in rows])
+                            [(c.first_version, c.last_version) for _, c in rows],
+                            policy=(self._slots.version, self._slots.params))
       with self._commit:  # a snapshot sees a group's entries, or its prompt in flight
         self._record(entries)
         for g in piece:

@@ -292,10 +292,10 @@ def init_state(params: Params, optimizer: optax.GradientTransformation,
 # ---------------------------------------------------------------------------
 # The update.
 # ---------------------------------------------------------------------------
-def completion_token_logprobs(model_config: ModelConfig, params: Params, tokens: jax.Array,
-                              attention_mask: jax.Array, completion_len: int,
-                              temperature: float, remat: bool = False) -> jax.Array:
-  """Per-token log-probs [N, Tc] (float32, tempered) of the completion columns.
+def completion_logits(model_config: ModelConfig, params: Params, tokens: jax.Array,
+                      attention_mask: jax.Array, completion_len: int,
+                      remat: bool = False) -> jax.Array:
+  """Logits [N, Tc, V] of the completion columns: logits[:, t] predicts completion token t.
 
   Only hidden[:, Tp-1:-1], the states that predict the completion tokens, are
   unembedded: prompt logits ([N, Tp, V], the largest activation) never exist.
@@ -304,8 +304,16 @@ def completion_token_logprobs(model_config: ModelConfig, params: Params, tokens:
   positions = model.positions_from_mask(attention_mask)
   hidden, _ = model.forward(model_config, params, tokens, positions, attention_mask,
                             remat=remat)
-  logits = model.unembed(model_config, params, hidden[:, prompt_len - 1:-1])
-  return losses.token_logprobs(logits, tokens[:, prompt_len:], temperature)
+  return model.unembed(model_config, params, hidden[:, prompt_len - 1:-1])
+
+
+def completion_token_logprobs(model_config: ModelConfig, params: Params, tokens: jax.Array,
+                              attention_mask: jax.Array, completion_len: int,
+                              temperature: float, remat: bool = False) -> jax.Array:
+  """Per-token log-probs [N, Tc] (float32, tempered) of the completion columns."""
+  logits = completion_logits(model_config, params, tokens, attention_mask, completion_len,
+                             remat)
+  return losses.token_logprobs(logits, tokens[:, tokens.shape[1] - completion_len:], temperature)
 
 
 def _group_sorted_microbatches(batch: TrainBatch, num_microbatches: int,
@@ -370,12 +378,21 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     # in the compute dtype is not cast: astype to the same dtype is no copy.)
     params = jax.tree.map(lambda p: p.astype(compute_config.jnp_dtype),
                           lora.combine(frozen, params))
-    token_lp = completion_token_logprobs(compute_config, params, batch.tokens,
-                                         batch.attention_mask, batch.completion_mask.shape[1],
-                                         temperature, remat)
+    mask = batch.completion_mask
+    logits = completion_logits(compute_config, params, batch.tokens, batch.attention_mask,
+                               mask.shape[1], remat)
+    token_lp = losses.token_logprobs(logits, batch.tokens[:, batch.prompt_len:], temperature)
     if log_z is not None:
       extra = {**extra, "log_z": log_z[batch.group_ids]}
-    return loss_fn(token_lp, batch, beta, **extra)
+    loss, aux = loss_fn(token_lp, batch, beta, **extra)
+    # Diagnostics (not differentiated): the policy's per-token entropy where the batch's
+    # completions were sampled, and |log pi_theta - log pi_behaviour| per sequence (how far
+    # the policy moved since the samples were drawn: staleness in nats). Means over rows of
+    # per-row figures, so equal micro-batches average to the whole batch's value.
+    counted = jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
+    entropy = losses.masked_sum(losses.token_entropy(logits, temperature), mask) / counted
+    drift = losses.masked_sum(jax.lax.stop_gradient(token_lp) - batch.behaviour_logprobs, mask)
+    return loss, {**aux, "entropy": jnp.mean(entropy), "policy_drift": jnp.mean(jnp.abs(drift))}
 
   grad_fn = jax.value_and_grad(objective, has_aux=True)
 
