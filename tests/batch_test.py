@@ -12,3 +12,18 @@ def test_token_rows_align_every_completion_at_the_same_column():
   np.testing.assert_array_equal(attention, [[0, 1, 1, 1, 1, 1, 0], [0, 0, 1, 0, 0, 0, 0],
                                             [0, 0, 0, 0, 0, 0, 0]])
   assert tokens.dtype == attention.dtype == np.int32
+
+
+def test_distinct_fraction_counts_distinct_completions_per_group():
+  entries_tokens = [[4, 5], [4, 5], [6], [4, 5],   # group 7: 2 distinct of 4
+                    [9], [9]]                      # group 8: 1 distinct of 2
+  tokens, attention = batch.token_rows([[1]] * 6, entries_tokens, tp=2, tc=3, pad_id=0)
+  n = len(entries_tokens)
+  b = batch.TrainBatch(tokens=tokens, attention_mask=attention,
+                       completion_mask=np.ones((n, 3), np.float32),
+                       ref_logprobs=np.zeros((n, 3), np.float32),
+                       behaviour_logprobs=np.zeros((n, 3), np.float32),
+                       rewards=np.zeros(n, np.float32),
+                       group_ids=np.array([7, 7, 7, 7, 8, 8], np.int32),
+                       versions=np.zeros(n, np.int32))
+  assert batch.distinct_fraction(b) == (2 / 4 + 1 / 2) / 2

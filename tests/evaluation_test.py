@@ -73,3 +73,18 @@ def test_with_one_pass_the_tasks_metrics_keep_their_own_names():
   out = _evaluator(metrics=metrics, greedy=None)(params=None, key=jax.random.key(0))
   assert out["eval/ended"] == pytest.approx(4 / 6) and "eval/sampled_ended" not in out
   assert out["eval/sampled_pass@1"] == pytest.approx(2 / 3)  # the built-in names stay
+
+
+def test_standard_errors_are_over_problems_and_the_completions_are_kept():
+  ev = _evaluator()
+  out = ev(params=None, key=jax.random.key(0))
+  # Per-problem sampled pass rates 1, 1, 0: the standard error of their mean (n - 1).
+  per_problem = np.array([1.0, 1.0, 0.0])
+  assert out["eval/sampled_pass@1_se"] == pytest.approx(per_problem.std(ddof=1) / np.sqrt(3))
+  assert out["eval/greedy_pass@1_se"] == 0.0  # every greedy answer right
+  # Every completion of both passes, with its problem and reward, for eval.save_samples.
+  assert [s["pass"] for s in ev.samples] == ["greedy"] * 3 + ["sampled"] * 6
+  assert [s["problem_id"] for s in ev.samples[3:]] == [0, 0, 1, 1, 2, 2]
+  assert [s["reward"] for s in ev.samples[3:]] == [1, 1, 1, 1, 0, 0]
+  assert ev.samples[0] == {"pass": "greedy", "problem_id": 0, "question": "q0",
+                           "completion": f"10 {EOS}", "reward": 1.0}

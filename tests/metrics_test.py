@@ -104,3 +104,15 @@ def test_latest_fraction_watch_warns_once_per_window_when_well_below_m():
   # As soon as the last 10 steps average below 0.85 (step 103: 0.80), then once per 10 steps.
   assert warned == [103, 113, 123], warned
   assert "only 0.80" in low[2] and "m = 0.95" in low[2]
+
+
+def test_peak_watch_warns_only_past_the_noise_of_both_evaluations():
+  from tba_jax.metrics import PeakWatch
+  watch = PeakWatch("held-out eval/sampled_pass@1", drop=0.05)
+  assert watch(0, 0.30, 0.03) is None
+  assert watch(15, 0.80, 0.03) is None   # a new peak
+  assert watch(30, 0.76, 0.03) is None   # 0.04 below: within max(0.05, 2 * 0.042)
+  assert watch(45, 0.72, 0.03) is None   # 0.08 below, but 2 x hypot(0.03, 0.03) = 0.085 ...
+  message = watch(60, 0.60, 0.03)        # ... 0.20 below: a warning naming step and peak
+  assert message is not None and "0.600" in message and "peak 0.800 at step 15" in message
+  assert watch(75, 0.90, 0.0) is None and watch.best == (75, 0.90, 0.0)

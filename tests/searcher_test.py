@@ -153,3 +153,15 @@ def test_load_snapshot_returns_the_entries_to_the_next_drain(tiny_cfg):
   assert [e.prompt_id for e in other.buffer.drain_new()] == [e.prompt_id for e in entries]
   assert other.stats.num_samples == 4 and other.num_batches == 1
   assert other.stream.take(2) == searcher.stream.take(2)
+
+
+def test_sampler_mismatch_recomputes_the_samples_log_probs_as_the_trainer_would(tiny_cfg):
+  # Same weights, the trainer's teacher-forced function: the sampler's numbers agree to
+  # float32 rounding. (A cache or position bug would show here, as nats per sequence.)
+  searcher, _ = _searcher(tiny_cfg, lambda batch: np.zeros(len(batch)), num_samples=3)
+  searcher.mismatch_every = 1
+  assert np.isnan(searcher.stats.mismatch)
+  searcher.search_once()
+  assert 0 <= searcher.stats.mismatch < 1e-4
+  entries = searcher.buffer.drain_new()
+  assert max(np.abs(e.behaviour_logprobs).sum() for e in entries) > 1.0  # real log-probs

@@ -380,3 +380,29 @@ def test_a_learned_log_z_descends_to_each_prompts_vargrad_value(tiny_cfg):
   np.testing.assert_allclose(np.asarray(state.log_z), [vargrad[0], vargrad[1], 0.0], rtol=1e-4)
   assert metrics["log_z_mean"] == pytest.approx(np.mean([vargrad[i] for i in ids]), rel=1e-4)
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, state.params), params)
+
+
+def test_entropy_and_policy_drift_diagnostics(tiny_cfg):
+  """The update reports the policy's mean per-token entropy on the batch (NumPy's, from
+  the same logits) and |log pi_theta - log pi_behaviour| per sequence: 0 for samples of
+  the current policy, the exact gap for samples of another."""
+  params, other = np_params(tiny_cfg, 0), np_params(tiny_cfg, 1)
+  ids = equal_groups(2, 4, seed=4)
+  fresh = make_batch(tiny_cfg, 4, ids, other, policy_params=params)  # sampled by `params`
+  stale = make_batch(tiny_cfg, 4, ids, other, policy_params=other)   # sampled by another
+  _, [m_fresh] = run(tiny_cfg, params, [fresh], num_devices=1)
+  _, [m_stale] = run(tiny_cfg, params, [stale], num_devices=1)
+  assert m_fresh["policy_drift"] < 1e-5
+  mask = fresh.completion_mask
+  gap = ((np.asarray(token_logprobs(tiny_cfg, params, stale)) - stale.behaviour_logprobs)
+         * mask).sum(1)
+  assert gap.std() > 0.1 and m_stale["policy_drift"] == pytest.approx(np.abs(gap).mean(),
+                                                                         rel=1e-4)
+  logits = jax.jit(ts.completion_logits, static_argnums=(0, 4))(
+      tiny_cfg, params, fresh.tokens, fresh.attention_mask, TC)
+  z = np.asarray(logits, np.float64) / TEMPERATURE
+  p = np.exp(z - z.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  entropy = -(p * np.log(p)).sum(-1)
+  expected = ((entropy * mask).sum(1) / mask.sum(1)).mean()
+  assert m_fresh["entropy"] == m_stale["entropy"] == pytest.approx(expected, rel=1e-5)
