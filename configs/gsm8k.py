@@ -148,6 +148,8 @@ def _base() -> ml_collections.ConfigDict:
   c.task = dict(
       name="gsm8k",       # "gsm8k" or "arithmetic" (offline, generated from a seed)
       data_path="",       # "" = the hub (openai/gsm8k); or a directory with train/test.jsonl
+      test_on_train=False,  # True: a data_path that is one file serves as both splits (the
+                            # evaluation then scores training problems); False: refused
       prompt_style="paper",  # "paper" ([MATH TASK] ...), "chat" (tokenizer's template) or a
                              # format string with {question}
       question_suffix="",    # appended to each question (e.g. " Answer with just the number.")
