@@ -1,5 +1,7 @@
 """notebooks/colab.ipynb, executed as CI runs it: TBA_QUICK=1 on a CPU, offline."""
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -29,3 +31,34 @@ def test_the_colab_notebook_runs_in_quick_mode(tmp_path):
   assert any(o.get("data", {}).get("image/png") for cell in nb.cells
              for o in cell.get("outputs", []) if o.get("output_type") in ("display_data",
                                                                             "update_display_data"))
+
+
+def _setup_cell():
+  nbformat = pytest.importorskip("nbformat")
+  cell = next(c for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code")
+  assert cell.source.splitlines()[0].startswith("# Setup.")
+  return cell.source
+
+
+def test_opened_outside_a_checkout_without_tba_source_it_stops_with_one_sentence(tmp_path):
+  # A fresh runtime: tba_jax not importable (sys.modules[...] = None hides this checkout's),
+  # the working directory not a checkout, TBA_SOURCE unset.
+  code = "import sys; sys.modules['tba_jax'] = None\n" + _setup_cell()
+  env = {k: v for k, v in os.environ.items() if k not in ("TBA_SOURCE", "PYTHONPATH")}
+  out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=60)
+  assert out.returncode == 1 and out.stdout == ""
+  assert out.stderr == ("tba_jax is not installed here and this is not a checkout of it: set "
+                        "TBA_SOURCE at the top of this cell to your copy's git URL or a tba_jax "
+                        "wheel, then run the cell again.\n")
+  assert os.listdir(tmp_path) == []  # nothing cloned or installed
+
+
+def test_inside_a_checkout_it_needs_no_source(tmp_path):
+  # Opened from notebooks/ of a checkout (tba_jax/ beside it), nothing installed: it goes on.
+  code = "import sys; sys.modules['tba_jax'] = None\n" + _setup_cell()
+  env = {k: v for k, v in os.environ.items() if k not in ("TBA_SOURCE", "PYTHONPATH")}
+  out = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(ROOT, "notebooks"),
+                       env=env, capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout == f"full mode, in {ROOT}\n"
