@@ -107,11 +107,8 @@ def test_a_run_killed_after_a_checkpoint_resumes_with_every_entry_and_no_prompt_
   assert [r["step"] for r in rows if "loss" in r] == list(range(1, 9))
 
 
-def test_redteam_tiny_runs_async_to_the_end_with_evaluations_and_an_export(tmp_path):
-  workdir = str(tmp_path)
-  out = subprocess.run(_command(workdir, "tiny", "redteam"), cwd=ROOT, env=_env(),
-                       capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+def test_redteam_tiny_runs_async_to_the_end_with_evaluations_and_an_export(tmp_path, tiny_run):
+  workdir, out = tiny_run("redteam")  # README's smoke test, shared with readme_test.py
   assert "mode      async" in out.stdout  # 2 CPU devices: 1 trainer + 1 searcher
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   evals = {r["step"]: r for r in rows if "eval/attack_success_rate" in r}
