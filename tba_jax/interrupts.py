@@ -6,7 +6,8 @@ so every process saves the same step and returns, whichever host was signalled.
 A second Ctrl-C is for a user who cannot wait for that step: it raises
 KeyboardInterrupt at once, saving nothing more (the checkpoints already written
 stay, and a rerun resumes from the newest). Repeated SIGTERMs (schedulers resend
-them) only repeat the request.
+them) only repeat the request. Once the last step is saved (`finishing`), a first
+signal only says that the final evaluation and export go on.
 
 Handlers are installed only from the main thread (Python delivers signals
 there); a run started in another thread (a notebook's) keeps the default ones.
@@ -30,6 +31,7 @@ class StopRequest:
   def __init__(self, checkpoints: str):
     self.checkpoints = checkpoints  # where the kept checkpoints are, for the messages
     self.signum = 0
+    self.finishing = False  # the last step is saved: only the evaluation and export are left
     self._previous: dict[int, object] = {}
 
   def install(self) -> "StopRequest":
@@ -52,9 +54,10 @@ class StopRequest:
     if not self.signum:
       self.signum = signum
       again = " (Ctrl-C again stops at once, without saving)" if signum == signal.SIGINT else ""
+      doing = ("the last step is saved; the final evaluation and export go on" if self.finishing
+               else "stopping after this step, with a checkpoint")
       # tqdm.write: on a line of its own, not glued to the progress bar.
-      tqdm.tqdm.write(f"{NAMES[signum]}: stopping after this step, with a checkpoint{again}",
-                      file=sys.stderr)
+      tqdm.tqdm.write(f"{NAMES[signum]}: {doing}{again}", file=sys.stderr)
 
 
 def saved_message(signum: int, step: int, directory: str, hosts: int) -> str:

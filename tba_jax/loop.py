@@ -315,7 +315,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
           stop_if_a_searcher_failed(state, reference)
       if resets and (step + 1) % c.loss.ref_reset_every == 0:
         # Entries already sampled keep the reference log-probs they were scored with; a
-        # batch group can mix them with entries scored under the new reference (README).
+        # batch group can mix them with entries scored under the new reference (docs/configs.md).
         reference = weight_sync.snapshot(state.params, searcher_dtype)
         pool.set_reference(reference)
         if is_main:
@@ -366,8 +366,9 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     bar.close()
 
     # ----- Finish: final evaluation and export -------------------------------------------
-    # The last step is saved: from here Ctrl-C stops at once (a rerun evaluates and exports).
-    stop.restore()
+    # The last step is saved: a signal now only says so (a second Ctrl-C stops at once, and
+    # the rerun evaluates and exports).
+    stop.finishing = True
     final = evaluate(state.params, last)
     if c.export:
       _export(model_cfg.replace(dtype=c.model.dtype), state.params, tokenizer,

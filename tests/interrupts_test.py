@@ -50,6 +50,16 @@ def test_ctrl_c_after_a_preemption_notice_aborts(stop):  # the user wants out no
     _signal(signal.SIGINT)
 
 
+def test_once_the_last_step_is_saved_a_signal_says_the_run_finishes(stop, capsys):
+  stop.finishing = True
+  _signal(signal.SIGINT)
+  assert capsys.readouterr().err == ("Ctrl-C: the last step is saved; the final evaluation and "
+                                     "export go on (Ctrl-C again stops at once, without "
+                                     "saving)\n")
+  with pytest.raises(KeyboardInterrupt):
+    _signal(signal.SIGINT)
+
+
 def test_restore_puts_the_previous_handlers_back():
   before = {s: signal.getsignal(s) for s in interrupts.NAMES}
   request = interrupts.StopRequest("d").install()

@@ -76,23 +76,25 @@ def read_records(path: str) -> list[dict]:
       import pyarrow.parquet as pq
     except ImportError:
       raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from None
-    rows = pq.read_table(path).to_pylist()
-  else:
-    rows = []
-    with open(path) as f:
-      for number, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError as e:
-          # (json's "Invalid control character at" ends with the column it leaves out)
-          raise DataError(f"{path}, line {number}: not valid JSON "
-                          f"({e.msg.removesuffix(' at')}, column {e.colno})") from None
-        if not isinstance(row, dict):
-          raise DataError(f"{path}, line {number}: expected a JSON object, got "
-                          f"{type(row).__name__}")
-        rows.append(row)
+    return _some(path, pq.read_table(path).to_pylist())
+  rows = []
+  with open(path) as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        # (json's "Invalid control character at" ends with the column it leaves out)
+        raise DataError(f"{path}, line {number}: not valid JSON "
+                        f"({e.msg.removesuffix(' at')}, column {e.colno})") from None
+      if not isinstance(row, dict):
+        raise DataError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
+      rows.append(row)
+  return _some(path, rows)
+
+
+def _some(path: str, rows: list[dict]) -> list[dict]:
   if not rows:
     raise DataError(f"{path}: the file holds no rows (it is empty)")
   return rows
