@@ -170,11 +170,12 @@ def read_setup(path: str) -> dict | None:
 
 
 def evaluation(path: str, step: int) -> dict:
-  """The eval/ metrics logged at `step` in a metrics.jsonl ({} when there are none)."""
+  """The eval/ metrics logged at `step` in a metrics.jsonl ({} when there are none; a
+  non-finite value, stored as a string, is left out)."""
   if not os.path.exists(path):
     return {}
   row = next((r for r in read_jsonl(path) if r["step"] == step), {})
-  return {k: v for k, v in row.items() if k.startswith("eval/")}
+  return {k: v for k, v in row.items() if k.startswith("eval/") and isinstance(v, (int, float))}
 
 
 def summary(headline: Sequence[str], start: dict, now: dict) -> str:

@@ -123,7 +123,8 @@ def test_the_step_0_evaluation_and_the_latest_setup_are_read_back(tmp_path):
   assert metrics.evaluation(str(path), 0) == {}  # no file yet: a fresh run
   _write(path, [
       {"step": 0, "wall_time": 0.0, "run": {"task": {"name": "a"}}},
-      {"step": 0, "wall_time": 0.0, "eval/win_rate": 0.25, "eval_seconds": 3.0},
+      {"step": 0, "wall_time": 0.0, "eval/win_rate": 0.25, "eval_seconds": 3.0,
+       "eval/kl": "nan"},  # as MetricsWriter stores a non-finite value
       {"step": 1, "wall_time": 1.0, "loss": 1.0},
       {"step": 1, "wall_time": 1.5, "run": {"task": {"name": "b"}}},  # a resume
   ])
