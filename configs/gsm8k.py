@@ -24,7 +24,7 @@ variant has not been measured yet):
           Hardware: 4 accelerators, 1 trainer + 3 searchers (4 x A100 in the
           paper: 54.6% greedy pass@1 in 82 minutes). On a TPU pod slice set
           --config.mesh.num_trainer_devices to half the chips and launch one
-          process per host (README "TPU pods"). Not measured here yet.
+          process per host (docs/experiments/gsm8k.md). Not measured here yet.
 
   rho1b_stable  rho1b with our deliberate changes, for a better-conditioned run:
           - float32 master weights and AdamW moments (optim.master_weights_fp32,
@@ -107,7 +107,7 @@ variant has not been measured yet):
           their AdamW moments are trained, a sync moves only the adapters, the
           reference is the base with the adapters off. Micro-batches of 4 rows and
           remat keep the trainer's activations small (memory per device:
-          python -m benchmarks.memory, README). notebooks/colab.ipynb runs it.
+          python -m benchmarks.memory, docs/experiments/gsm8k.md). notebooks/colab.ipynb runs it.
             python -m experiments.gsm8k --config configs/gsm8k.py:qwen_lora --workdir DIR
           Not measured here yet (no accelerator was lent to this work).
 
@@ -148,6 +148,8 @@ def _base() -> ml_collections.ConfigDict:
   c.task = dict(
       name="gsm8k",       # "gsm8k" or "arithmetic" (offline, generated from a seed)
       data_path="",       # "" = the hub (openai/gsm8k); or a directory with train/test.jsonl
+      test_on_train=False,  # True: a data_path that is one file serves as both splits (the
+                            # evaluation then scores training problems); False: refused
       prompt_style="paper",  # "paper" ([MATH TASK] ...), "chat" (tokenizer's template) or a
                              # format string with {question}
       question_suffix="",    # appended to each question (e.g. " Answer with just the number.")
@@ -267,7 +269,7 @@ def _base() -> ml_collections.ConfigDict:
   c.checkpoint = dict(every=100, max_to_keep=3)
   c.log = dict(every=1, tensorboard=True, wandb_project="")
   c.export = True  # write the final policy to WORKDIR/export (Hugging Face format)
-  c.fault = dict(            # fault injection, a testing aid (README "Fault injection"); 0 = off
+  c.fault = dict(            # fault injection, a testing aid (docs/resume.md); 0 = off
       searcher_fail_at=0,    # > 0: searcher `searcher`'s reward stage raises at its n-th batch
       searcher_fail_repeats=False,  # ... and on every later batch with that batch's first prompt
       searcher=0,            # the global index of that searcher

@@ -14,7 +14,7 @@ Variants:
   gpt2    GPT-2 attacker (after SFT) vs vicgalle/gpt2-alpaca ("GPT-2+SFT"), toxicity
           from facebook/roberta-hate-speech-dynabench-r4-target, diversity from
           all-MiniLM-L6-v2. The attacker's SFT checkpoint is not on the hub; make it
-          first (README "Red-teaming"), then
+          first (docs/experiments/redteam.md), then
             python -m experiments.redteam --config configs/redteam.py:gpt2 --workdir DIR \
                 --config.model.path=sft/gpt2
           Hardware: the paper's runs are 4, 16 and 64 V100s (2 to 62 searchers, one

@@ -3,7 +3,7 @@ r"""TBA on Reddit TL;DR summarisation: the paper's preference fine-tuning runs (
 Usage: python -m experiments.tldr --config configs/tldr.py:VARIANT --workdir DIR
        [--config.section.key=value ...]   (or VARIANT,key=value,... in the arg)
        python -m experiments.evaluate_tldr --config configs/tldr.py:VARIANT --workdir DIR \
-           [--policy EXPORTED_OR_HUB_MODEL]   (evaluate a policy on its own; README)
+           [--policy EXPORTED_OR_HUB_MODEL]   (evaluate a policy on its own; docs/experiments/tldr.md)
 
 Variants (tldr_spec.md; where no measured result is given, none has been measured here):
 
@@ -22,7 +22,7 @@ Variants (tldr_spec.md; where no measured result is given, none has been measure
           under the SFT policy, the KL the authors log (tasks/tldr.py).
             python -m experiments.tldr --config configs/tldr.py:pythia410m --workdir DIR
           Hardware: 4 accelerators (4 x A100 80GB in the paper), 1 trainer + 3
-          searchers; the gold model is sharded over all of them (README: memory per
+          searchers; the gold model is sharded over all of them (docs/experiments/tldr.md: memory per
           device and other layouts). Expected (paper, Pythia-410M, ~15 steps
           off-policy): win rate 0.86 at perplexity 1.13 (Table 1 reports this for the
           Table-1 run below); per-size results appear only in the paper's figures.

@@ -15,6 +15,7 @@ from tba_jax import faults, hf_checkpoints, lora, losses, rewards, sharding, tra
 from tba_jax import weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.config_checks import ConfigError
+from tba_jax.errors import DataError
 from tba_jax.evaluation import Evaluator
 from tba_jax.model import LoRAConfig, ModelConfig, init_params
 from tba_jax.sampler import Sampler
@@ -61,8 +62,9 @@ def meshes(mesh_cfg, mode: str):
   n = mesh_cfg.num_trainer_devices
   _, searcher_local = sharding.split_devices(local, n)
   if len(searcher_local) % mesh_cfg.num_searchers:
-    raise ValueError(f"{len(searcher_local)} searcher devices do not split into "
-                     f"mesh.num_searchers={mesh_cfg.num_searchers} equal groups")
+    raise ConfigError(f"mesh.num_searchers={mesh_cfg.num_searchers}: the "
+                      f"{len(searcher_local)} searcher devices do not split into that many "
+                      "equal groups")
   per = len(searcher_local) // mesh_cfg.num_searchers
   searchers = [sharding.make_mesh("searcher", searcher_local[i * per:(i + 1) * per],
                                   mesh_cfg.searcher_tensor) for i in range(mesh_cfg.num_searchers)]
@@ -87,8 +89,8 @@ def load_model(model_cfg, tokenizer, dtype: str, trainer_mesh, seed: int):
   if model_cfg.path == "random":
     cfg = ModelConfig(**model_cfg.random.to_dict(), dtype=dtype)
     if cfg.vocab_size < tokenizer.vocab_size:
-      raise ValueError(f"model.random.vocab_size={cfg.vocab_size} < the tokenizer's "
-                       f"{tokenizer.vocab_size} tokens")
+      raise ConfigError(f"model.random.vocab_size={cfg.vocab_size} < the tokenizer's "
+                        f"{tokenizer.vocab_size} tokens")
     return cfg, init_params(cfg, seed, sharding.param_shardings(cfg, "trainer", trainer_mesh))
   return hf_checkpoints.load(model_path(model_cfg.path), dtype, mesh=trainer_mesh, role="trainer")
 
@@ -211,11 +213,16 @@ def build_task(task_cfg, tokenizer) -> Task:
     return redteam_task(task_cfg.redteam)
   if task_cfg.name == "gsm8k":
     path = task_cfg.data_path or None
+    _check_splits(gsm8k.data_file("train", path), gsm8k.data_file("test", path),
+                  task_cfg.test_on_train)
     train, test = gsm8k.load("train", path), gsm8k.load("test", path)
   elif task_cfg.name == "arithmetic":
     a = task_cfg.arithmetic
-    train, test = arithmetic.make_problems(a.ops, a.low, a.high, seed=a.seed,
-                                           test_fraction=a.test_fraction)
+    try:
+      train, test = arithmetic.make_problems(a.ops, a.low, a.high, seed=a.seed,
+                                             test_fraction=a.test_fraction)
+    except ValueError as e:
+      raise ConfigError(f"task.arithmetic: {e}") from None
   else:
     raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, arithmetic, tldr, redteam)")
   if task_cfg.num_train_problems:
@@ -226,7 +233,18 @@ def build_task(task_cfg, tokenizer) -> Task:
   else:
     prompt = lambda p: style.format(question=p.question + suffix)
   return Task(train=train, test=test, prompt=prompt, reward=rewards.TextReward(gsm8k.reward),
-              templated_prompts=style == "chat", answer=gsm8k.extract_answer)
+              templated_prompts=style == "chat", answer=gsm8k.extract_answer,
+              name=task_cfg.name, reward_metric=gsm8k.REWARD_METRIC, headline=gsm8k.HEADLINE)
+
+
+def _check_splits(train_file: str, test_file: str, test_on_train: bool) -> None:
+  """Refuses one file as both splits (evaluation would score the training problems) unless
+  task.test_on_train asks for it."""
+  if os.path.realpath(train_file) == os.path.realpath(test_file) and not test_on_train:
+    raise ConfigError(
+        f"task.data_path: {train_file} would be both the train and the test split, so the "
+        "evaluation would score the training problems. Give a directory holding train.jsonl "
+        "and test.jsonl, or set task.test_on_train=true to evaluate on the training problems.")
 
 
 def _tldr_task(t, tokenizer) -> Task:
@@ -236,6 +254,10 @@ def _tldr_task(t, tokenizer) -> Task:
   train, dropped = tldr.to_problems(tldr.load_rows("train", path), tokenizer, t.max_prompt_len)
   test, dropped_test = tldr.to_problems(tldr.load_rows("validation", path), tokenizer,
                                         t.max_prompt_len)
+  for split, kept, gone in (("train", train, dropped), ("validation", test, dropped_test)):
+    if not kept:
+      raise DataError(f"TL;DR {split} ({t.data_path or tldr.HUB_ID}): all {gone} prompts are "
+                      f"longer than task.max_prompt_len={t.max_prompt_len} tokens")
   if (dropped or dropped_test) and jax.process_index() == 0:
     print(f"TL;DR: dropped {dropped} train and {dropped_test} validation prompts longer than "
           f"task.max_prompt_len={t.max_prompt_len} tokens")
@@ -331,16 +353,18 @@ def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelC
 
 def encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, list[int]]:
   """Prompt ids per problem id, BOS as `tokenizer.add_bos` says (Tokenizer.encode_prompt)."""
-  out = {}
-  for p in problems:
-    ids = tokenizer.encode_prompt(task.prompt(p), templated=task.templated_prompts)
-    if len(ids) > max_len:
-      raise ValueError(f"problem {p.id}: prompt of {len(ids)} tokens exceeds "
-                       f"task.max_prompt_len={max_len}")
+  out = {p.id: tokenizer.encode_prompt(task.prompt(p), templated=task.templated_prompts)
+         for p in problems}
+  too_long = [i for i, ids in out.items() if len(ids) > max_len]
+  if too_long:
+    longest = max(too_long, key=lambda i: len(out[i]))
+    raise ConfigError(f"task.max_prompt_len={max_len}: {len(too_long)} of {len(out)} prompts "
+                      f"are longer (the longest, problem {longest}'s, has {len(out[longest])} "
+                      "tokens); raise task.max_prompt_len to at least that")
+  for i, ids in out.items():
     if ids and ids[-1] in tokenizer.eos_ids:  # the authors assert the same (tba_gsm8k.py L85)
-      raise ValueError(f"problem {p.id}: the prompt ends with an EOS token (the tokenizer "
-                       "appends EOS by default?); generation would start after the end")
-    out[p.id] = ids
+      raise ConfigError(f"problem {i}: the prompt ends with an EOS token (the tokenizer "
+                        "appends EOS by default?); generation would start after the end")
   return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable, Iterable
 
+from tba_jax.errors import UserError
 from tba_jax.model_config import LORA_TARGETS
 
 # Keys whose value must be one of a fixed set.
@@ -66,7 +67,7 @@ POSITIVE = ("sampler.temperature", "sampler.top_p", "buffer.reward_tau", "model.
 PROMPT_STYLES = ("paper", "chat")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A config value that cannot run; the message names the key and what is allowed."""
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from tba_jax import config_builders, hf_checkpoints, rewards, sharding
 from tba_jax import tokenizer as tokenizer_lib
+from tba_jax.errors import DataError
 from tba_jax.evaluation import Policy
 from tba_jax.tasks import Problem, tldr
 
@@ -44,9 +45,9 @@ def test_rows_load_from_jsonl_or_parquet_with_the_datasets_field_names(tmp_path)
   (tmp_path / "bad" / "train.jsonl").write_text(json.dumps({"query": "q", "summary": "s"}))
   with pytest.raises(ValueError, match=r"row 0 lacks the text field\(s\) \['reference_response'\]"):
     tldr.load_rows("train", str(tmp_path / "bad"))
-  with pytest.raises(FileNotFoundError, match="no validation.jsonl or validation.parquet"):
+  with pytest.raises(DataError, match="no validation.jsonl or validation.parquet"):
     tldr.load_rows("validation", str(tmp_path / "bad"))
-  with pytest.raises(FileNotFoundError, match="is not a directory"):
+  with pytest.raises(DataError, match="is not a directory"):
     tldr.load_rows("train", str(tmp_path / "missing"))
 
 

@@ -1,5 +1,7 @@
 """Tokenizers: the byte tokenizer, GGUF-metadata BPE, prompts' BOS, the real SmolLM2 one."""
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -179,3 +181,17 @@ def test_saved_tokenizer_loads_in_transformers_beside_a_model_and_encodes_the_sa
   generation = json.loads((out / "generation_config.json").read_text())
   assert generation["eos_token_id"] == list(ours.eos_ids)
   assert generation["pad_token_id"] == ours.pad_id
+
+
+def test_no_pytorch_was_not_found_warning_where_tba_jax_does_not_use_torch():
+  # sys.modules["torch"] = None: transformers finds no torch, as before the test extras.
+  run = lambda code: subprocess.run(
+      [sys.executable, "-c", "import sys; sys.modules['torch'] = None\n" + code],
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
+      text=True, timeout=120)
+  plain = run("import transformers")
+  assert "PyTorch was not found" in plain.stderr  # what a user without torch saw
+  ours = run("from tba_jax import tokenizer\ntokenizer.byte_tokenizer()\nimport transformers\n"
+             "transformers.logging.get_logger('transformers').warning('other warnings stay')")
+  assert ours.returncode == 0, ours.stderr
+  assert "PyTorch was not found" not in ours.stderr and "other warnings stay" in ours.stderr

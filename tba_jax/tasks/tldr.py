@@ -58,9 +58,11 @@ import numpy as np
 
 from tba_jax import batch as batch_lib
 from tba_jax import hf_checkpoints, model, rewards, sharding
+from tba_jax.config_checks import ConfigError
+from tba_jax.errors import DataError
 from tba_jax.model_config import ModelConfig
 from tba_jax.sampler import _bucket
-from tba_jax.tasks import Problem, Task, read_records
+from tba_jax.tasks import Metric, Problem, Task, read_records
 
 HUB_ID = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
 MARKER = "TL;DR:"  # where the summary starts (the authors' prompt_template)
@@ -87,7 +89,7 @@ def _hub_files(split: str) -> list[str]:
     root = huggingface_hub.snapshot_download(HUB_ID, repo_type="dataset",
                                              allow_patterns=[f"*{split}-*.parquet"])
   except Exception as e:
-    raise OSError(f"could not fetch TL;DR ({HUB_ID}, {split}) from the Hugging Face hub "
+    raise DataError(f"could not fetch TL;DR ({HUB_ID}, {split}) from the Hugging Face hub "
                   f"({type(e).__name__}: {e}); pass a local directory with {split}.jsonl or "
                   f"{split}.parquet (--config.task.data_path)") from None
   files = sorted(glob.glob(os.path.join(root, "**", f"{split}-*.parquet"), recursive=True))
@@ -103,16 +105,16 @@ def load_rows(split: str, path: str | None = None) -> list[dict]:
     files = _hub_files(split)
   else:
     if not os.path.isdir(path):
-      raise FileNotFoundError(f"TL;DR data_path {path!r} is not a directory")
+      raise DataError(f"TL;DR data_path {path!r} is not a directory")
     files = [f for f in (os.path.join(path, f"{split}{ext}") for ext in (".jsonl", ".parquet"))
              if os.path.exists(f)][:1]
     if not files:
-      raise FileNotFoundError(f"{path}: no {split}.jsonl or {split}.parquet")
+      raise DataError(f"{path}: no {split}.jsonl or {split}.parquet")
   rows = [row for f in files for row in read_records(f)]
   for i, row in enumerate(rows):
     missing = [k for k in FIELDS if not isinstance(row.get(k), str)]
     if missing:
-      raise ValueError(f"{files[0]}: row {i} lacks the text field(s) {missing} "
+      raise DataError(f"{files[0]}: row {i} lacks the text field(s) {missing} "
                        f"(keys: {sorted(row)})")
   return rows
 
@@ -133,7 +135,7 @@ def check_tokenizer(tokenizer, source: str) -> None:
   """Stops when the tokenizer lacks the EOS or a pad token of its own (module docstring)."""
   hf = tokenizer.hf
   if hf.eos_token_id is None or hf.pad_token_id is None or hf.pad_token_id == hf.eos_token_id:
-    raise ValueError(
+    raise ConfigError(
         f"the TL;DR task needs the SFT tokenizer's special tokens, EOS <|endoftext|> (id 0) "
         f"and pad <|padding|> (id 1); the tokenizer from {source!r} has EOS "
         f"{hf.eos_token!r} ({hf.eos_token_id}) and pad {hf.pad_token!r} ({hf.pad_token_id}). "
@@ -286,6 +288,15 @@ class Evaluation:
 # ---------------------------------------------------------------------------
 # The task.
 # ---------------------------------------------------------------------------
+# What the run prints as `start -> end` and the plot tool draws (tasks.Task.headline).
+REWARD_METRIC = Metric("reward_mean", "train reward: the reward model's score (-1 without EOS)")
+HEADLINE = (
+    Metric("eval/win_rate", "win rate against the reference summaries (gold reward model)",
+           "fraction"),
+    Metric("eval/perplexity", "perplexity under the SFT policy (Table 1's definition)"),
+    Metric("eval/kl", "KL(pi_ref || pi) per summary token", "nats"))
+
+
 def make_task(train: Sequence[Problem], test: Sequence[Problem], tokenizer, *, reward_model: str,
               gold_reward_model: str, dtype: str = "float32") -> Task:
   """The TL;DR Task: prompts are the queries, the reward and evaluation as above."""
@@ -293,4 +304,5 @@ def make_task(train: Sequence[Problem], test: Sequence[Problem], tokenizer, *, r
       train=train, test=test, prompt=lambda p: p.question,
       reward=Reward(reward_model, no_eos_reward=-1.0, dtype=dtype, pad_id=tokenizer.pad_id,
                     vocab_size=tokenizer.vocab_size),
-      evaluation=Evaluation(gold_reward_model, tokenizer, dtype))
+      evaluation=Evaluation(gold_reward_model, tokenizer, dtype), name="tldr",
+      reward_metric=REWARD_METRIC, headline=HEADLINE)
