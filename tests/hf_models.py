@@ -15,6 +15,21 @@ VARIANTS = {
                              original_max_position_embeddings=16))),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1000000.0)),
     "mistral": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=None)),
+    # Qwen3: per-head q/k RMSNorm, head_dim set apart from hidden / heads.
+    "qwen3": ("Qwen3Config", dict(tie_word_embeddings=True, head_dim=32,
+                                  rope_parameters=dict(rope_type="default", rope_theta=1e6))),
+    # Gemma 3 text: (1 + w) norms before and after each branch, q/k norms, scaled
+    # embeddings, sliding (window 3) and global layers with their own rope bases, linear
+    # rope scaling on the global ones (the 4B+ text towers' setting), logit softcap.
+    "gemma3": ("Gemma3TextConfig", dict(
+        num_hidden_layers=4, head_dim=16, query_pre_attn_scalar=24, sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"] * 2, final_logit_softcapping=5.0,
+        rope_parameters={"full_attention": dict(rope_type="linear", factor=4.0, rope_theta=1e6),
+                         "sliding_attention": dict(rope_type="default", rope_theta=1e4)})),
+    # Mistral v0.1's window on every layer; Qwen2's on the layers from max_window_layers on.
+    "mistral_sliding": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=3)),
+    "qwen2_sliding": ("Qwen2Config", dict(tie_word_embeddings=True, use_sliding_window=True,
+                                          sliding_window=4, max_window_layers=1)),
 }
 
 
@@ -23,7 +38,7 @@ def make_hf_model(variant: str, seed: int = 0):
   import torch
   import transformers
   cls_name, extra = VARIANTS[variant]
-  config = getattr(transformers, cls_name)(**TINY, **extra)
+  config = getattr(transformers, cls_name)(**{**TINY, **extra})
   torch.manual_seed(seed)
   model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
   with torch.no_grad():  # non-trivial norms and biases, so their loading is tested
