@@ -169,11 +169,6 @@ class ModelConfig(_Config):
     return int(self.head_dim * self.rotary_fraction)
 
   @property
-  def per_layer_attention(self) -> bool:
-    """Layers differ in their attention mask or rope (sliding / global layers)."""
-    return bool(self.sliding_layers)
-
-  @property
   def projections(self) -> tuple[str, ...]:
     """The projections this architecture has, by our names (LORA_TARGETS)."""
     return tuple(p for p in LORA_TARGETS if p != "gate" or self.gated_mlp)

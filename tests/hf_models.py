@@ -15,6 +15,9 @@ VARIANTS = {
                              original_max_position_embeddings=16))),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1000000.0)),
     "mistral": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=None)),
+}
+# Qwen3, Gemma 3 and sliding windows (tests/model_families_test.py), on the same TINY shape.
+FAMILIES = {
     # Qwen3: per-head q/k RMSNorm, head_dim set apart from hidden / heads.
     "qwen3": ("Qwen3Config", dict(tie_word_embeddings=True, head_dim=32,
                                   rope_parameters=dict(rope_type="default", rope_theta=1e6))),
@@ -38,7 +41,7 @@ def make_hf_model(variant: str, seed: int = 0):
   import torch
   import transformers
   cls_name, extra = VARIANTS[variant]
-  config = getattr(transformers, cls_name)(**{**TINY, **extra})
+  config = getattr(transformers, cls_name)(**TINY, **extra)
   torch.manual_seed(seed)
   model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
   with torch.no_grad():  # non-trivial norms and biases, so their loading is tested
@@ -77,7 +80,7 @@ _NEOX = dict(vocab_size=128, hidden_size=64, intermediate_size=256, num_hidden_l
 _ENCODER = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, type_vocab_size=2)
 MODELS = {
-    **{name: (cls, {**TINY, **extra}) for name, (cls, extra) in VARIANTS.items()},
+    **{name: (cls, {**TINY, **extra}) for name, (cls, extra) in {**VARIANTS, **FAMILIES}.items()},
     "gpt_neox": ("GPTNeoXConfig", _NEOX),
     "gpt_neox_sequential": ("GPTNeoXConfig", dict(_NEOX, use_parallel_residual=False)),
     "gpt2": ("GPT2Config", dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64,
