@@ -146,11 +146,17 @@ def _base() -> ml_collections.ConfigDict:
       ),
   )
   c.task = dict(
-      name="gsm8k",       # "gsm8k" or "arithmetic" (offline, generated from a seed)
-      data_path="",       # "" = the hub (openai/gsm8k); or a directory with train/test.jsonl
+      name="gsm8k",       # "gsm8k", "math" (MATH 12k / 500, configs/math.py) or "arithmetic"
+                          # (offline, generated from a seed)
+      data_path="",       # "" = the hub (openai/gsm8k, or MATH's); or a directory with
+                          # train/test.jsonl
       prompt_style="paper",  # "paper" ([MATH TASK] ...), "chat" (tokenizer's template) or a
                              # format string with {question}
       question_suffix="",    # appended to each question (e.g. " Answer with just the number.")
+      thinking="auto",       # the chat template's reasoning switch (Qwen3's enable_thinking):
+                             # "auto" = the template's default, "on", "off"
+      verifier="paper_regex",  # answer check (tba_jax/verifiers.py): "paper_regex" (the
+                               # paper's last-number rule) or "math_verify" (HF's math-verify)
       num_train_problems=0,  # 0 = all
       max_prompt_len=256,    # prompts are left-padded to this many tokens (longer: error)
       arithmetic=dict(ops="+*", low=2, high=9, test_fraction=0.25, seed=0),

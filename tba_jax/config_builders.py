@@ -11,7 +11,7 @@ import os
 import jax
 import optax
 
-from tba_jax import faults, hf_checkpoints, lora, losses, rewards, sharding, train_step
+from tba_jax import faults, hf_checkpoints, lora, losses, rewards, sharding, train_step, verifiers
 from tba_jax import weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.config_checks import ConfigError
@@ -22,6 +22,7 @@ from tba_jax.searcher import Exploration, PromptStream, Searcher
 from tba_jax.searcher_pool import SearcherPool
 from tba_jax.streaming import StreamingSearcher
 from tba_jax.tasks import Task, arithmetic, gsm8k, redteam, tldr
+from tba_jax.tasks import math as math_task  # (not `math`: the stdlib module is used here)
 
 
 def use_cpu_devices(num: int) -> None:
@@ -209,24 +210,31 @@ def build_task(task_cfg, tokenizer) -> Task:
     return _tldr_task(task_cfg, tokenizer)
   if task_cfg.name == "redteam":
     return redteam_task(task_cfg.redteam)
-  if task_cfg.name == "gsm8k":
+  answer = gsm8k.extract_answer
+  if task_cfg.name in ("gsm8k", "math"):
     path = task_cfg.data_path or None
-    train, test = gsm8k.load("train", path), gsm8k.load("test", path)
+    source = gsm8k if task_cfg.name == "gsm8k" else math_task
+    train, test = source.load("train", path), source.load("test", path)
+    if task_cfg.name == "math":
+      answer = math_task.answer_of
   elif task_cfg.name == "arithmetic":
     a = task_cfg.arithmetic
     train, test = arithmetic.make_problems(a.ops, a.low, a.high, seed=a.seed,
                                            test_fraction=a.test_fraction)
   else:
-    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, arithmetic, tldr, redteam)")
+    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, math, arithmetic, tldr, "
+                     "redteam)")
   if task_cfg.num_train_problems:
     train = train[:task_cfg.num_train_problems]
   style, suffix = task_cfg.prompt_style, task_cfg.question_suffix
+  thinking = {"auto": None, "on": True, "off": False}[task_cfg.thinking]
   if style in ("paper", "chat"):
-    prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer)
+    prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer, thinking)
   else:
     prompt = lambda p: style.format(question=p.question + suffix)
-  return Task(train=train, test=test, prompt=prompt, reward=rewards.TextReward(gsm8k.reward),
-              templated_prompts=style == "chat", answer=gsm8k.extract_answer)
+  return Task(train=train, test=test, prompt=prompt,
+              reward=verifiers.VerifierReward(task_cfg.verifier),
+              templated_prompts=style == "chat", answer=answer)
 
 
 def _tldr_task(t, tokenizer) -> Task:

@@ -21,7 +21,9 @@ CHOICES = {
     "loss.name": ("tb", "rloo", "grpo"),
     "optim.schedule": ("wsd", "linear", "cosine", "constant"),
     "buffer.eviction": ("oldest", "lowest_reward"),  # replay_buffer.EVICTION_POLICIES
-    "task.name": ("gsm8k", "arithmetic", "tldr", "redteam"),
+    "task.name": ("gsm8k", "math", "arithmetic", "tldr", "redteam"),
+    "task.verifier": ("paper_regex", "math_verify"),  # verifiers.VERIFIERS
+    "task.thinking": ("auto", "on", "off"),
     "buffer.priority": ("reward", "log_target"),  # replay_buffer.PRIORITIES
     "loss.log_z": ("vargrad", "learned"),
     "model.dtype": ("float32", "bfloat16"),

@@ -10,10 +10,9 @@ and "+7" is 7; a decimal with an exponent splits ("1.5e3" reads 1.5, then 3), an
 """
 from __future__ import annotations
 
-import os
 import re
 
-from tba_jax.tasks import Problem, read_records
+from tba_jax.tasks import Problem, read_records, split_file
 
 PAPER_PROMPT = "[MATH TASK] Problem:\n{question}\n\nSolution:\n"
 HUB_ID = "openai/gsm8k"
@@ -42,14 +41,15 @@ def reward(completion: str, gold: float) -> float:
   return float(value is not None and value == gold)
 
 
-def make_prompt(question: str, style: str, tokenizer=None) -> str:
-  """`style`: "paper" (the TBA paper's prompt) or "chat" (the tokenizer's chat template)."""
+def make_prompt(question: str, style: str, tokenizer=None, thinking: bool | None = None) -> str:
+  """`style`: "paper" (the TBA paper's prompt) or "chat" (the tokenizer's chat template,
+  with `thinking` its reasoning switch: Qwen3's enable_thinking; None: the default)."""
   if style == "paper":
     return PAPER_PROMPT.format(question=question)
   if style == "chat":
     if tokenizer is None:
       raise ValueError("the chat prompt style needs a tokenizer")
-    return tokenizer.chat_prompt(question)
+    return tokenizer.chat_prompt(question, thinking=thinking)
   raise ValueError(f"unknown prompt style {style!r} (paper, chat)")
 
 
@@ -69,17 +69,7 @@ def load(split: str, path: str | None = None, limit: int | None = None) -> list[
 
   `path` may be a directory holding `{split}.jsonl` (or `.parquet`), or a file.
   """
-  if path is None:
-    file = _hub_file(split)
-  elif os.path.isdir(path):
-    candidates = [os.path.join(path, f"{split}{ext}") for ext in (".jsonl", ".parquet")]
-    file = next((c for c in candidates if os.path.exists(c)), None)
-    if file is None:
-      raise FileNotFoundError(f"{path}: no {split}.jsonl or {split}.parquet")
-  elif os.path.exists(path):
-    file = path
-  else:
-    raise FileNotFoundError(f"GSM8K path {path!r} does not exist")
+  file = _hub_file(split) if path is None else split_file(path, split, "GSM8K")
   rows = read_records(file)
   if limit is not None:
     rows = rows[:limit]
