@@ -355,12 +355,15 @@ def encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, l
 def loss_fn(loss_cfg):
   clip = loss_cfg.ratio_clip or None
   if loss_cfg.name == "tb":
-    return functools.partial(train_step.tb_loss, ratio_clip=clip)
+    return functools.partial(train_step.tb_loss, ratio_clip=clip,
+                             log_z_from_behaviour=loss_cfg.log_z == "behaviour")
+  if loss_cfg.name == "ratio":  # TBA-prime's per-token ratio loss (its cap c: 8 by default)
+    return functools.partial(train_step.ratio_loss, ratio_clip=loss_cfg.ratio_clip or 8.0)
   if loss_cfg.name == "rloo":  # the paper's Proximal RLOO baseline (PPO eps)
     return functools.partial(train_step.rloo_loss, ratio_clip=loss_cfg.ratio_clip or 0.2)
   if loss_cfg.name == "grpo":
     return functools.partial(train_step.grpo_loss, clip_eps=loss_cfg.ratio_clip or 0.2)
-  raise ValueError(f"unknown loss.name {loss_cfg.name!r} (tb, rloo, grpo)")
+  raise ValueError(f"unknown loss.name {loss_cfg.name!r} (tb, rloo, grpo, ratio)")
 
 
 def beta_schedule(loss_cfg):
@@ -377,8 +380,9 @@ def beta_schedule(loss_cfg):
 
 
 def learned_log_z(loss_cfg, task: Task) -> train_step.LearnedLogZ | None:
-  """loss.log_z="learned": a log Z per training prompt id, trained by Adam; None: VarGrad."""
-  if loss_cfg.log_z == "vargrad":
+  """loss.log_z="learned": a log Z per training prompt id, trained by Adam; None: VarGrad's
+  estimate (of the policy's or, "behaviour", of the sampling policy's log-probs)."""
+  if loss_cfg.log_z != "learned":
     return None
   return train_step.LearnedLogZ(optax.adam(loss_cfg.log_z_learning_rate),
                                 num_prompts=max(p.id for p in task.train) + 1)
