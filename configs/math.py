@@ -19,15 +19,18 @@ Variants (none has been run here: no accelerator was lent to this work, no hub a
             python -m experiments.math --config configs/math.py:tba_prime --workdir DIR
           Hardware: 8 accelerators, 4 trainer (FSDP) + 4 searchers (theirs: 4 H100
           training + 4 H100 inference, multinode_launch.sh L40, L54). Memory per
-          device (python -m benchmarks.memory math:tba_prime; BENCHMARKS.md): fits an
-          H200 (141 GB) or a TPU v5p chip (95 GB). Not measured.
+          device, computed (python -m benchmarks.memory --math): a trainer device 47.9
+          GB (states + logits floor + evaluation copy), a searcher device 60.7 GB
+          (weights x 3 + KV cache): under an H200's 141 GB and a TPU v5p chip's 95 GB
+          (v5p-16: 8 chips). Not measured.
 
   tba_prime_qwen3  The same recipe for Qwen/Qwen3-4B (per-head q/k norms; tied
           embeddings), with the chat template's thinking switch off: in 1,024 tokens of
           context a thinking Qwen3 is cut off before its answer on most MATH problems
           (theirs leaves enable_thinking at True, inference/config.py L245-248; set
           --config.task.thinking=on with a longer sampler.max_new_tokens for that).
-          Same hardware. Not measured.
+          Same hardware; computed 27.8 GB per trainer device, 62.8 GB per searcher.
+          Not measured.
 
   tba_prime_ratio  TBA-prime's comparison run (GRPO_qwen2.5_7b_math.toml: the same files
           with grpo.off_policy.type = "ratio", L30-33): its per-token ratio loss
