@@ -1,4 +1,7 @@
 """Tiny random transformers (PyTorch) checkpoints in the real on-disk format."""
+import json
+import shutil
+
 import numpy as np
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -145,3 +148,14 @@ def padded_batch(rng: np.random.Generator, lengths, side: str, vocab: int = 128,
     for i, n in enumerate(lengths):
       tokens[i], mask[i] = np.roll(tokens[i], n - len(tokens[i])), np.roll(mask[i], n - len(mask[i]))
   return tokens, mask
+
+
+def edit_config(path: str, tmp_path, **changes) -> str:
+  """A copy of checkpoint directory `path` (at tmp_path / "edited") with config.json's
+  keys updated by `changes`."""
+  dst = tmp_path / "edited"
+  shutil.copytree(path, dst)
+  c = json.loads((dst / "config.json").read_text())
+  c.update(changes)
+  (dst / "config.json").write_text(json.dumps(c))
+  return str(dst)

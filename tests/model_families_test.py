@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hf_models import hf_logits, hf_scores, left_padded_batch, make_model, padded_batch
+from hf_models import edit_config, hf_logits, hf_scores, left_padded_batch, make_model, padded_batch
 from tba_jax import hf_checkpoints, losses, model, sampler, sharding
 
 FAMILIES = ["qwen3", "gemma3", "mistral_sliding", "qwen2_sliding"]
@@ -182,16 +182,6 @@ def test_eval_shape_counts_published_parameter_totals():
   assert model.count_params(gemma) == 999_885_952  # transformers' Gemma3ForCausalLM count
 
 
-def _edited(path, tmp_path, **changes):
-  import shutil
-  dst = tmp_path / "edited"
-  shutil.copytree(path, dst)
-  c = json.loads((dst / "config.json").read_text())
-  c.update(changes)
-  (dst / "config.json").write_text(json.dumps(c))
-  return str(dst)
-
-
 def test_unsupported_gemma3_configs_are_named(tmp_path_factory, tmp_path):
   _, path = _load("gemma3", tmp_path_factory)
   cases = [(dict(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"]),
@@ -201,7 +191,7 @@ def test_unsupported_gemma3_configs_are_named(tmp_path_factory, tmp_path):
            (dict(layer_types=["sliding_attention", "chunked_attention"] * 2), "layer_types")]
   for changes, match in cases:
     with pytest.raises(ValueError, match=match):
-      hf_checkpoints.read_config(_edited(path, tmp_path, **changes))
+      hf_checkpoints.read_config(edit_config(path, tmp_path, **changes))
     import shutil
     shutil.rmtree(tmp_path / "edited")
 
