@@ -88,11 +88,12 @@ def test_training_gradients_match_transformers(name, tmp_path_factory):
                                err_msg=jax.tree_util.keystr(path_))
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gemma3", "mistral_sliding"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "mistral_sliding", "llama3_scaling"])
 def test_greedy_generation_static_and_streaming_matches_transformers(name, tmp_path_factory):
   """Prompts longer than the window and 8 new tokens: sliding layers drop slots in the
   prefill and in decode, in static batches and in continuous batching's slots (2
-  slots for 3 prompts: a row refills a freed slot)."""
+  slots for 3 prompts: a row refills a freed slot). llama3_scaling: Llama 3.1 / 3.2's
+  rope scaling (which predates this file)."""
   import torch
   # Untied: a tiny Gemma's scaled, tied embedding makes greedy repeat the last token.
   hf, path = _load(name, tmp_path_factory, seed=3, tie_word_embeddings=False)
