@@ -146,13 +146,19 @@ def _base() -> ml_collections.ConfigDict:
       ),
   )
   c.task = dict(
-      name="gsm8k",       # "gsm8k" or "arithmetic" (offline, generated from a seed)
-      data_path="",       # "" = the hub (openai/gsm8k); or a directory with train/test.jsonl
+      name="gsm8k",       # "gsm8k", "math" (MATH 12k / 500, configs/math.py) or "arithmetic"
+                          # (offline, generated from a seed)
+      data_path="",       # "" = the hub (openai/gsm8k, or MATH's); or a directory with
+                          # train/test.jsonl
       test_on_train=False,  # True: a data_path that is one file serves as both splits (the
                             # evaluation then scores training problems); False: refused
       prompt_style="paper",  # "paper" ([MATH TASK] ...), "chat" (tokenizer's template) or a
                              # format string with {question}
       question_suffix="",    # appended to each question (e.g. " Answer with just the number.")
+      thinking="auto",       # the chat template's reasoning switch (Qwen3's enable_thinking):
+                             # "auto" = the template's default, "on", "off"
+      verifier="paper_regex",  # answer check (tba_jax/verifiers.py): "paper_regex" (the
+                               # paper's last-number rule) or "math_verify" (HF's math-verify)
       num_train_problems=0,  # 0 = all
       max_prompt_len=256,    # prompts are left-padded to this many tokens (longer: error)
       arithmetic=dict(ops="+*", low=2, high=9, test_fraction=0.25, seed=0),
@@ -182,22 +188,26 @@ def _base() -> ml_collections.ConfigDict:
                                   # batches of num_prompts_per_batch x S rows
   )
   c.loss = dict(
-      name="tb",             # "tb" (VarGrad trajectory balance), "rloo", "grpo"
+      name="tb",             # "tb" (VarGrad trajectory balance), "rloo", "grpo", "ratio"
+                             # (TBA-prime's per-token ratio loss)
       beta_start=0.014,      # beta anneals linearly from beta_start to beta_end ...
       beta_end=0.004,
       beta_anneal_steps=500,  # ... over this many steps (the authors' (u-1)/D convention)
       beta_switch_step=500,  # from this step on beta = beta_end (== anneal: no jump)
       include_eos=True,      # the EOS token's log-prob counts in log pi
-      ratio_clip=0.0,        # TB: > 0 = TBA-prime's importance-weight cap c; RLOO (the
-                             # paper's Proximal RLOO) and GRPO: PPO's clip eps (0 = 0.2)
-      kl_coef=0.04,          # GRPO / RLOO only
+      ratio_clip=0.0,        # TB: > 0 = a cap c on the sequence importance weight; RLOO (the
+                             # paper's Proximal RLOO) and GRPO: PPO's clip eps (0 = 0.2);
+                             # ratio: the per-token ratio's cap (0 = 8, TBA-prime's)
+      kl_coef=0.04,          # GRPO / RLOO / ratio only
       ref_reset_every=0,     # > 0: the reference becomes the current policy every N steps
       # TB's target at step u: [log pi_ref / gamma(u) + r / beta(u)] / tau(u), gamma and tau
       # ramping linearly from *_start to *_end over *_steps steps (red-teaming; all 1: the
       # plain target).
       ref_temp_start=1.0, ref_temp_end=1.0, ref_temp_steps=1,           # gamma
       target_temp_start=1.0, target_temp_end=1.0, target_temp_steps=1,  # tau
-      log_z="vargrad",           # "vargrad" (TBA: each prompt's batch estimate) or "learned"
+      log_z="vargrad",           # "vargrad" (TBA: each prompt's batch estimate), "learned", or
+                                 # "behaviour" (VarGrad's estimate from the sampling policy's
+                                 # log-probs: TBA-prime's TB)
       log_z_learning_rate=0.1,   # "learned": a log Z per prompt, trained by Adam at this lr
   )
   c.optim = dict(

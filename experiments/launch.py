@@ -29,7 +29,8 @@ from ml_collections import config_flags
 from tba_jax.errors import UserError
 
 # The task names (config task.name) each experiment's entry point runs.
-EXPERIMENTS = {"gsm8k": ("gsm8k", "arithmetic"), "tldr": ("tldr",), "redteam": ("redteam",)}
+EXPERIMENTS = {"gsm8k": ("gsm8k", "arithmetic"), "math": ("math",), "tldr": ("tldr",),
+               "redteam": ("redteam",)}
 # TBA_DEBUG=1: errors a user can fix show their traceback too.
 _DEBUG = os.environ.get("TBA_DEBUG", "") not in ("", "0")
 

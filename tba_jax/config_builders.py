@@ -11,7 +11,7 @@ import os
 import jax
 import optax
 
-from tba_jax import faults, hf_checkpoints, lora, losses, rewards, sharding, train_step
+from tba_jax import faults, hf_checkpoints, lora, losses, rewards, sharding, train_step, verifiers
 from tba_jax import weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.config_checks import ConfigError
@@ -23,6 +23,7 @@ from tba_jax.searcher import Exploration, PromptStream, Searcher
 from tba_jax.searcher_pool import SearcherPool
 from tba_jax.streaming import StreamingSearcher
 from tba_jax.tasks import Task, arithmetic, gsm8k, redteam, tldr
+from tba_jax.tasks import math as math_task  # (not `math`: the stdlib module is used here)
 
 
 def use_cpu_devices(num: int) -> None:
@@ -211,11 +212,15 @@ def build_task(task_cfg, tokenizer) -> Task:
     return _tldr_task(task_cfg, tokenizer)
   if task_cfg.name == "redteam":
     return redteam_task(task_cfg.redteam)
-  if task_cfg.name == "gsm8k":
+  answer = gsm8k.extract_answer
+  if task_cfg.name in ("gsm8k", "math"):
     path = task_cfg.data_path or None
-    _check_splits(gsm8k.data_file("train", path), gsm8k.data_file("test", path),
+    source = gsm8k if task_cfg.name == "gsm8k" else math_task
+    _check_splits(source.data_file("train", path), source.data_file("test", path),
                   task_cfg.test_on_train)
-    train, test = gsm8k.load("train", path), gsm8k.load("test", path)
+    train, test = source.load("train", path), source.load("test", path)
+    if task_cfg.name == "math":
+      answer = math_task.answer_of
   elif task_cfg.name == "arithmetic":
     a = task_cfg.arithmetic
     try:
@@ -224,16 +229,19 @@ def build_task(task_cfg, tokenizer) -> Task:
     except ValueError as e:
       raise ConfigError(f"task.arithmetic: {e}") from None
   else:
-    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, arithmetic, tldr, redteam)")
+    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, math, arithmetic, tldr, "
+                     "redteam)")
   if task_cfg.num_train_problems:
     train = train[:task_cfg.num_train_problems]
   style, suffix = task_cfg.prompt_style, task_cfg.question_suffix
+  thinking = {"auto": None, "on": True, "off": False}[task_cfg.thinking]
   if style in ("paper", "chat"):
-    prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer)
+    prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer, thinking)
   else:
     prompt = lambda p: style.format(question=p.question + suffix)
-  return Task(train=train, test=test, prompt=prompt, reward=rewards.TextReward(gsm8k.reward),
-              templated_prompts=style == "chat", answer=gsm8k.extract_answer,
+  return Task(train=train, test=test, prompt=prompt,
+              reward=verifiers.VerifierReward(task_cfg.verifier),
+              templated_prompts=style == "chat", answer=answer,
               name=task_cfg.name, reward_metric=gsm8k.REWARD_METRIC, headline=gsm8k.HEADLINE)
 
 
@@ -371,12 +379,15 @@ def encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, l
 def loss_fn(loss_cfg):
   clip = loss_cfg.ratio_clip or None
   if loss_cfg.name == "tb":
-    return functools.partial(train_step.tb_loss, ratio_clip=clip)
+    return functools.partial(train_step.tb_loss, ratio_clip=clip,
+                             log_z_from_behaviour=loss_cfg.log_z == "behaviour")
+  if loss_cfg.name == "ratio":  # TBA-prime's per-token ratio loss (its cap c: 8 by default)
+    return functools.partial(train_step.ratio_loss, ratio_clip=loss_cfg.ratio_clip or 8.0)
   if loss_cfg.name == "rloo":  # the paper's Proximal RLOO baseline (PPO eps)
     return functools.partial(train_step.rloo_loss, ratio_clip=loss_cfg.ratio_clip or 0.2)
   if loss_cfg.name == "grpo":
     return functools.partial(train_step.grpo_loss, clip_eps=loss_cfg.ratio_clip or 0.2)
-  raise ValueError(f"unknown loss.name {loss_cfg.name!r} (tb, rloo, grpo)")
+  raise ValueError(f"unknown loss.name {loss_cfg.name!r} (tb, rloo, grpo, ratio)")
 
 
 def beta_schedule(loss_cfg):
@@ -393,8 +404,9 @@ def beta_schedule(loss_cfg):
 
 
 def learned_log_z(loss_cfg, task: Task) -> train_step.LearnedLogZ | None:
-  """loss.log_z="learned": a log Z per training prompt id, trained by Adam; None: VarGrad."""
-  if loss_cfg.log_z == "vargrad":
+  """loss.log_z="learned": a log Z per training prompt id, trained by Adam; None: VarGrad's
+  estimate (of the policy's or, "behaviour", of the sampling policy's log-probs)."""
+  if loss_cfg.log_z != "learned":
     return None
   return train_step.LearnedLogZ(optax.adam(loss_cfg.log_z_learning_rate),
                                 num_prompts=max(p.id for p in task.train) + 1)

@@ -19,12 +19,14 @@ from tba_jax.model_config import LORA_TARGETS
 # Keys whose value must be one of a fixed set.
 CHOICES = {
     "sync.mode": ("async", "alternate"),
-    "loss.name": ("tb", "rloo", "grpo"),
+    "loss.name": ("tb", "rloo", "grpo", "ratio"),
     "optim.schedule": ("wsd", "linear", "cosine", "constant"),
     "buffer.eviction": ("oldest", "lowest_reward"),  # replay_buffer.EVICTION_POLICIES
-    "task.name": ("gsm8k", "arithmetic", "tldr", "redteam"),
+    "task.name": ("gsm8k", "math", "arithmetic", "tldr", "redteam"),
+    "task.verifier": ("paper_regex", "math_verify"),  # verifiers.VERIFIERS
+    "task.thinking": ("auto", "on", "off"),
     "buffer.priority": ("reward", "log_target"),  # replay_buffer.PRIORITIES
-    "loss.log_z": ("vargrad", "learned"),
+    "loss.log_z": ("vargrad", "learned", "behaviour"),
     "model.dtype": ("float32", "bfloat16"),
     "sync.weights_dtype": ("", "float32", "bfloat16"),
     "model.add_bos": ("auto", "on", "off"),
@@ -147,8 +149,9 @@ def _problems(config) -> Iterable[str]:
   if get("sampler.end_with_eos") and get("sampler.min_new_tokens") >= get("sampler.max_new_tokens"):
     yield (f"sampler.min_new_tokens={get('sampler.min_new_tokens')!r}: must be < "
            f"sampler.max_new_tokens={get('sampler.max_new_tokens')!r} with end_with_eos")
-  if get("loss.log_z") == "learned" and get("loss.name") != "tb":
-    yield f"loss.log_z='learned': only with loss.name='tb' (not {get('loss.name')!r})"
+  if get("loss.log_z") != "vargrad" and get("loss.name") != "tb":
+    yield (f"loss.log_z={get('loss.log_z')!r}: only with loss.name='tb' (not "
+           f"{get('loss.name')!r})")
   if get("task.name") == "redteam":
     yield from _redteam_problems(config)
   if get("model.path") == "random" and not get("model.tokenizer"):

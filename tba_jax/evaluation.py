@@ -1,8 +1,11 @@
-"""Evaluation: greedy pass@1, sampled pass@1 / pass@n, distinct final answers.
+"""Evaluation: greedy pass@1, sampled pass@1 / pass@k, distinct final answers.
 
 Problems are batched through the same sampler the searchers use and scored by
 the task's reward stage (built on the evaluation devices); "pass" means a
-reward > 0, and pass@1 is the mean reward (0/1 for GSM8K). A task's own
+reward > 0, and pass@1 is the mean reward (0/1 for GSM8K). With n samples per
+problem, pass@k for k = 2, 4, 8, ... < n is the unbiased estimator of Chen et al.
+(2021), 1 - C(n - c, k) / C(n, k) for c passing samples, averaged over problems;
+pass@n is whether any passed. A task's own
 metrics (Task.evaluation) see every completion of a pass at once, with the
 evaluated policy (`Policy`: its architecture, its params and the run's
 reference, e.g. for a KL); they carry their pass's name ("greedy_win_rate")
@@ -13,6 +16,7 @@ the counts are summed across processes.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Sequence
 
 import jax
@@ -24,6 +28,12 @@ from tba_jax.tasks import Problem
 
 # generate(params, prompts, key) -> Rollouts (a sampler.Sampler)
 GenerateFn = Callable
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+  """The chance that k of n samples (c of them passing) drawn without replacement hold a
+  passing one: 1 - C(n - c, k) / C(n, k) (Chen et al. 2021's unbiased pass@k)."""
+  return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +127,10 @@ class Evaluator:
       r, batch = self._run(self.sampled, params, indices, n, jax.random.fold_in(key, 1),
                            "eval sampled")
       sums["sampled_pass@1"] = r.mean(axis=1).sum()
-      sums[f"pass@{n}"] = (r.max(axis=1) > 0).sum()
+      passed = (r > 0).sum(axis=1)
+      for k in [2 ** i for i in range(1, n.bit_length()) if 2 ** i < n]:
+        sums[f"pass@{k}"] = sum(pass_at_k(n, int(c), k) for c in passed)
+      sums[f"pass@{n}"] = (passed > 0).sum()
       sums.update(self._task_metrics(batch, policy, "sampled_" if both else "", len(indices)))
       if self.answer is not None:
         answers = [self.answer(t) for t in batch.texts]

@@ -35,7 +35,7 @@ beta schedules: the authors step their scheduler before each update
 warmup already moves (optax counts from 0; make_optimizer shifts by one).
 
 Loss functions share one signature (`LossFn`) so the same update trains with
-TB (`tb_loss`) or the baselines (`rloo_loss`, `grpo_loss`); their switches are
+TB (`tb_loss`) or the baselines (`rloo_loss`, `grpo_loss`, `ratio_loss`); their switches are
 keyword-only, bound with functools.partial.
 """
 from __future__ import annotations
@@ -99,11 +99,14 @@ def _sequence_loss(loss, token_logprobs, batch, beta, ratio_clip, **kw):
 
 def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
             ratio_clip: float | None = None, ref_weight: jax.Array | float = 1.0,
-            log_z: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+            log_z: jax.Array | None = None,
+            log_z_from_behaviour: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
   """VarGrad TB on sequence sums over completion_mask (losses.trajectory_balance);
-  `log_z` [N]: a learned log Z per row instead."""
+  `log_z` [N]: a learned log Z per row instead; log_z_from_behaviour: VarGrad's
+  estimate from the behaviour log-probs (TBA-prime)."""
   loss, aux = _sequence_loss(losses.trajectory_balance, token_logprobs, batch, beta, ratio_clip,
-                             ref_weight=ref_weight, log_z=log_z)
+                             ref_weight=ref_weight, log_z=log_z,
+                             log_z_from_behaviour=log_z_from_behaviour)
   return loss, {"log_z_mean": jnp.mean(aux.log_z), "kl": aux.kl,
                 "ratio_weight_mean": jnp.mean(aux.weights)}
 
@@ -114,6 +117,16 @@ def rloo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
   loss, aux = _sequence_loss(losses.rloo, token_logprobs, batch, beta, ratio_clip)
   return loss, {"kl": aux.kl, "advantage_abs_mean": jnp.mean(jnp.abs(aux.advantages)),
                 "clip_fraction": aux.clip_fraction}
+
+
+def ratio_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
+               ratio_clip: float = 8.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """TBA-prime's per-token ratio loss (losses.ratio) on per-token log-probs."""
+  loss, aux = losses.ratio(token_logprobs, batch.behaviour_logprobs, batch.ref_logprobs,
+                           batch.completion_mask, batch.rewards, batch.group_ids, beta,
+                           ratio_clip=ratio_clip)
+  return loss, {"kl": aux.kl, "ratio_mean": aux.ratio_mean, "clip_fraction": aux.clip_fraction,
+                "advantage_abs_mean": jnp.mean(jnp.abs(aux.advantages))}
 
 
 def grpo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,

@@ -189,8 +189,9 @@ REDTEAM = ["redteam:gpt2", "redteam:llama", "redteam:gpt2,model.lora.rank=0",
            "redteam:llama,model.lora.rank=0"]
 
 
-@pytest.mark.parametrize("args,doc", [([], "gsm8k"), (["--tldr"], "tldr"), (REDTEAM, "redteam")],
-                         ids=["gsm8k", "tldr", "redteam"])
+@pytest.mark.parametrize("args,doc", [([], "gsm8k"), (["--tldr"], "tldr"), (REDTEAM, "redteam"),
+                                      (["--math"], "math")],
+                         ids=["gsm8k", "tldr", "redteam", "math"])
 def test_memory_table_is_what_the_documented_command_prints(args, doc):
   out = subprocess.run([sys.executable, "-m", "benchmarks.memory", *args], cwd=ROOT, env=_env(),
                        capture_output=True, text=True, timeout=300)

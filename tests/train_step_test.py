@@ -232,7 +232,7 @@ def test_update_compiles_once_for_fixed_batch_shape(tiny_cfg):
   assert TRACES[(tiny_cfg, "sgd", 4, 1, False, ts.tb_loss, "linear")] == 1
 
 
-@pytest.mark.parametrize("loss_fn", [ts.rloo_loss, ts.grpo_loss])
+@pytest.mark.parametrize("loss_fn", [ts.rloo_loss, ts.grpo_loss, ts.ratio_loss])
 def test_baselines_train_through_the_same_update(tiny_cfg, loss_fn):
   params = np_params(tiny_cfg, 0)
   ids = equal_groups(4, 4, seed=7)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 from typing import Any, Callable, Sequence
 
 from tba_jax.errors import DataError, UserError
@@ -13,7 +14,7 @@ class Problem:
   id: int  # stable within a split: the replay buffer's prompt id
   question: str
   answer: str  # full reference solution, "... #### 42"
-  gold: float
+  gold: float | str  # the gold answer: GSM8K's number; MATH's LaTeX string ("\\frac{1}{2}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,26 @@ class Task:
     for split in ("train", "test"):
       if not len(getattr(self, split)):
         raise UserError(f"the {self.name} task has no {split} problems (Task.{split} is empty)")
+
+
+def split_file(path: str, split: str, what: str) -> str:
+  """The file holding `split` ("train" / "test") of a local data path: the path itself
+  when it is a file; in a directory `{split}.jsonl` or `.parquet`, else the one file
+  below it whose name starts with the split (a hub snapshot's
+  data/test-00000-of-00001.parquet). `what` names the data set in errors."""
+  if os.path.isfile(path):
+    return path
+  if not os.path.isdir(path):
+    raise DataError(f"{what} path {path!r} does not exist")
+  for ext in (".jsonl", ".parquet"):
+    if os.path.exists(os.path.join(path, split + ext)):
+      return os.path.join(path, split + ext)
+  found = sorted(os.path.join(d, f) for d, _, files in os.walk(path) for f in files
+                 if f.startswith(split) and f.endswith((".jsonl", ".parquet")))
+  if len(found) != 1:
+    raise DataError(f"{path}: no {split}.jsonl or {split}.parquet" +
+                            (f" (several candidates: {found})" if found else ""))
+  return found[0]
 
 
 def read_records(path: str) -> list[dict]:

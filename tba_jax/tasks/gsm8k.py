@@ -10,11 +10,10 @@ and "+7" is 7; a decimal with an exponent splits ("1.5e3" reads 1.5, then 3), an
 """
 from __future__ import annotations
 
-import os
 import re
 
 from tba_jax.errors import DataError
-from tba_jax.tasks import Metric, Problem, read_records
+from tba_jax.tasks import Metric, Problem, read_records, split_file
 
 PAPER_PROMPT = "[MATH TASK] Problem:\n{question}\n\nSolution:\n"
 HUB_ID = "openai/gsm8k"
@@ -49,14 +48,15 @@ def reward(completion: str, gold: float) -> float:
   return float(value is not None and value == gold)
 
 
-def make_prompt(question: str, style: str, tokenizer=None) -> str:
-  """`style`: "paper" (the TBA paper's prompt) or "chat" (the tokenizer's chat template)."""
+def make_prompt(question: str, style: str, tokenizer=None, thinking: bool | None = None) -> str:
+  """`style`: "paper" (the TBA paper's prompt) or "chat" (the tokenizer's chat template,
+  with `thinking` its reasoning switch: Qwen3's enable_thinking; None: the default)."""
   if style == "paper":
     return PAPER_PROMPT.format(question=question)
   if style == "chat":
     if tokenizer is None:
       raise ValueError("the chat prompt style needs a tokenizer")
-    return tokenizer.chat_prompt(question)
+    return tokenizer.chat_prompt(question, thinking=thinking)
   raise ValueError(f"unknown prompt style {style!r} (paper, chat)")
 
 
@@ -72,19 +72,9 @@ def _hub_file(split: str) -> str:
 
 
 def data_file(split: str, path: str | None = None) -> str:
-  """The file `load(split, path)` reads: the hub's, `path/{split}.jsonl` (or `.parquet`), or
-  `path` itself when it is a file (then every split is that file)."""
-  if path is None:
-    return _hub_file(split)
-  if os.path.isdir(path):
-    candidates = [os.path.join(path, f"{split}{ext}") for ext in (".jsonl", ".parquet")]
-    file = next((c for c in candidates if os.path.exists(c)), None)
-    if file is None:
-      raise DataError(f"{path}: no {split}.jsonl or {split}.parquet")
-    return file
-  if os.path.exists(path):
-    return path
-  raise DataError(f"GSM8K path {path!r} does not exist")
+  """The file `load(split, path)` reads: the hub's, or one of a local path (tasks.split_file:
+  the path itself when it is a file, then every split is that file)."""
+  return _hub_file(split) if path is None else split_file(path, split, "GSM8K")
 
 
 def load(split: str, path: str | None = None, limit: int | None = None) -> list[Problem]:
