@@ -105,9 +105,9 @@ variant has not been measured yet):
           16 GB accelerator (Colab's T4 / L4, a TPU v5e-1): the base is held once in
           bfloat16 and shared by both roles, only the adapters (18M parameters) and
           their AdamW moments are trained, a sync moves only the adapters, the
-          reference is the base with the adapters off. Micro-batches of 4 rows and
-          remat keep the trainer's activations small (memory per device:
-          python -m benchmarks.memory, README). notebooks/colab.ipynb runs it.
+          reference is the base with the adapters off. Micro-batches of one prompt
+          group (8 rows) and remat keep the trainer's activations small (memory per
+          device: python -m benchmarks.memory, README). notebooks/colab.ipynb runs it.
             python -m experiments.gsm8k --config configs/gsm8k.py:qwen_lora --workdir DIR
           Not measured here yet (no accelerator was lent to this work).
 
@@ -337,8 +337,9 @@ def _qwen_lora(c):
   c.sampler.update(num_samples_per_prompt=8, num_prompts_per_batch=4)
   c.buffer.update(num_prompts=4, samples_per_prompt=8, prefill=64)
   # LoRA's usual step: 10x full fine-tuning's at alpha / rank = 2 (PEFT's examples use 1e-4
-  # to 2e-4); one micro-batch of 4 rows holds [4, 512, 152k] float32 completion logits.
-  c.optim.update(learning_rate=1e-4, num_microbatches=8)
+  # to 2e-4); one micro-batch per prompt group (8 rows, the fewest that keep a group whole)
+  # holds [8, 512, 152k] float32 completion logits.
+  c.optim.update(learning_rate=1e-4, num_microbatches=4)
   c.eval.update(every=50, num_problems=256, batch_size=32)
   c.checkpoint.update(every=50)
 

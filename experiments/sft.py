@@ -72,7 +72,8 @@ def batch_of(prompts, completions, tp: int, tc: int, pad_id: int):
   return batch_lib.TrainBatch(
       tokens=tokens, attention_mask=attention, completion_mask=counted.astype(np.float32),
       ref_logprobs=zeros, behaviour_logprobs=zeros, rewards=np.zeros(n, np.float32),
-      group_ids=np.arange(n, dtype=np.int32), versions=np.zeros(n, np.int32))
+      group_ids=np.arange(n, dtype=np.int32), prompt_ids=np.zeros(n, np.int32),
+      versions=np.zeros(n, np.int32))
 
 
 def train(model_path: str, rows: list[dict], *, out: str | None, steps: int, batch_size: int,

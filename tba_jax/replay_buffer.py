@@ -360,8 +360,9 @@ class ReplayBuffer:
       info = {"num_latest_left": len(latest_left), "sync_index": self._num_syncs}
     # Entries are immutable, so the arrays are built outside the lock.
     rows = [item for s in slots for item in s[3]]
+    # One group per slot (batch.py): a prompt drawn into two slots is two groups of K.
     batch = batch_lib.from_entries([e for _, e in rows], max_prompt_len, max_completion_len,
-                                   pad_id, include_eos)
+                                   pad_id, include_eos, np.repeat(np.arange(num_prompts), k))
     from_latest = np.array([s[1] for s in slots], bool)
     info.update(prompt_ids=np.array([s[0] for s in slots], np.int64), from_latest=from_latest,
                 with_replacement=np.array([s[2] for s in slots], bool),

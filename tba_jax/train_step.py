@@ -263,7 +263,8 @@ def batch_shardings(mesh: Mesh) -> TrainBatch:
   """Rows over the trainer's "fsdp" axis (N must be a multiple of its size)."""
   two, one = sharding.batch_sharding("trainer", mesh, 2), sharding.batch_sharding("trainer", mesh, 1)
   return TrainBatch(tokens=two, attention_mask=two, completion_mask=two, ref_logprobs=two,
-                    behaviour_logprobs=two, rewards=one, group_ids=one, versions=one)
+                    behaviour_logprobs=two, rewards=one, group_ids=one, prompt_ids=one,
+                    versions=one)
 
 
 def init_state(params: Params, optimizer: optax.GradientTransformation,
@@ -308,15 +309,30 @@ def completion_token_logprobs(model_config: ModelConfig, params: Params, tokens:
   return losses.token_logprobs(logits, tokens[:, prompt_len:], temperature)
 
 
+def check_microbatches(num_rows: int, num_microbatches: int, fsdp: int) -> None:
+  """Raises ValueError unless `num_rows` cut into `num_microbatches` equal micro-batches
+  whose size is a multiple of the trainer's `fsdp` devices (every shard gets rows)."""
+  rows, left = divmod(num_rows, num_microbatches)
+  if left or rows % fsdp:
+    raise ValueError(f"a batch of {num_rows} rows does not split into num_microbatches="
+                     f"{num_microbatches} equal micro-batches of a multiple of the trainer's "
+                     f"{fsdp} fsdp devices")
+
+
 def _group_sorted_microbatches(batch: TrainBatch, num_microbatches: int,
                                mesh: Mesh) -> TrainBatch:
-  """Leaves [M, N/M, ...]: rows stably sorted by prompt group, then cut in M.
+  """Leaves [M, N/M, ...]: rows stably sorted by group, then cut in M.
 
-  Sorting makes each group contiguous whatever the input layout, so with
-  equal group sizes R and P divisible by M every micro-batch holds whole
-  groups (log Z is a per-group mean: a split group would get two wrong
-  halves). Unequal group sizes must be arranged by the caller.
+  Sorting makes each group contiguous whatever the input layout, so with G
+  groups of equal size and G a multiple of M every micro-batch holds whole
+  groups, and the loss and gradient equal the whole batch's (log Z and the
+  baselines are per-group means: a split group would get two wrong halves).
+  The replay buffer's batches have B groups of K (batch.py); configs refuse a
+  B that M does not divide (config_checks). Unequal group sizes must be
+  arranged by the caller.
   """
+  check_microbatches(batch.rewards.shape[0], num_microbatches,
+                     mesh.shape[sharding.BATCH_AXIS["trainer"]])
   order = jnp.argsort(losses.group_index(batch.group_ids), stable=True)
 
   def cut(x):
@@ -342,9 +358,10 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
   that takes the state from step s to s + 1 is beta_schedule(s + 1): the
   authors count trainer steps from 1. Rows N must split into `num_microbatches`
   equal micro-batches of whole groups (see _group_sorted_microbatches) whose
-  size is a multiple of the "fsdp" axis. Gradients are averaged over
-  micro-batches, which equals the big-batch gradient because every loss here
-  is a mean over sequences. Compiles once per batch shape.
+  size is a multiple of the "fsdp" axis (else ValueError when it compiles).
+  Gradients are averaged over micro-batches, which equals the big-batch
+  gradient because every loss here is a mean over sequences of per-group
+  terms. Compiles once per batch shape.
 
   metrics (replicated scalars): loss, grad_norm (before clipping), beta, lr
   (with `lr_schedule`, the learning rate given to make_optimizer: the one this
@@ -374,7 +391,7 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
                                          batch.attention_mask, batch.completion_mask.shape[1],
                                          temperature, remat)
     if log_z is not None:
-      extra = {**extra, "log_z": log_z[batch.group_ids]}
+      extra = {**extra, "log_z": log_z[batch.prompt_ids]}
     return loss_fn(token_lp, batch, beta, **extra)
 
   grad_fn = jax.value_and_grad(objective, has_aux=True)

@@ -48,7 +48,7 @@ def assert_same_entries(a, b):
 
 def assert_same_batch(a, b):
   for name in ("tokens", "attention_mask", "completion_mask", "ref_logprobs",
-               "behaviour_logprobs", "rewards", "group_ids", "versions"):
+               "behaviour_logprobs", "rewards", "group_ids", "prompt_ids", "versions"):
     np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
 
 
@@ -72,7 +72,7 @@ def test_layout_left_pads_prompt_right_pads_completion_and_masks_eos(include_eos
   assert batch.tokens.shape == (2, 11) and batch.completion_mask.shape == (2, 6)
   assert batch.prompt_len == 5
   assert batch.tokens.dtype == np.int32 and batch.completion_mask.dtype == np.float32
-  rows = {int(g): r for r, g in enumerate(batch.group_ids)}
+  rows = {int(g): r for r, g in enumerate(batch.prompt_ids)}
   r3, r5 = rows[3], rows[5]
   np.testing.assert_array_equal(batch.tokens[r3], [9, 9, 50, 51, 52, 11, 12, 2, 9, 9, 9])
   np.testing.assert_array_equal(batch.attention_mask[r3], [0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0])
@@ -100,8 +100,21 @@ def test_rows_are_grouped_contiguously_by_prompt_slot_with_fixed_shapes():
   for _ in range(5):
     batch, info = buf.sample(4, 3, 0.0, **SIZES)
     assert batch.tokens.shape == (12, 14)
-    np.testing.assert_array_equal(batch.group_ids, np.repeat(info["prompt_ids"], 3))
+    np.testing.assert_array_equal(batch.group_ids, np.repeat(np.arange(4), 3))
+    np.testing.assert_array_equal(batch.prompt_ids, np.repeat(info["prompt_ids"], 3))
     assert len(set(info["prompt_ids"].tolist())) == 4  # distinct prompts while possible
+
+
+def test_a_prompt_in_two_slots_is_two_groups_of_k():
+  """Fewer prompts than slots: a prompt fills two slots, and each slot is its own group
+  (the authors' one-slot micro-batches), never one merged group of 2K."""
+  buf = ReplayBuffer(seed=4)
+  fill(buf, 0, 6)
+  fill(buf, 1, 6, start=30)
+  batch, info = buf.sample(3, 2, 0.0, **SIZES)
+  assert sorted(set(info["prompt_ids"].tolist())) == [0, 1]  # one of them twice
+  np.testing.assert_array_equal(batch.group_ids, [0, 0, 1, 1, 2, 2])
+  np.testing.assert_array_equal(batch.prompt_ids, np.repeat(info["prompt_ids"], 2))
 
 
 def test_oversize_prompt_or_completion_names_the_prompt_and_changes_nothing():
@@ -156,7 +169,7 @@ def test_fraction_of_slots_from_the_latest_sync_follows_m(m):
     latest += info["num_from_latest"]
     assert info["num_latest_fallback"] == 0
     fl = info["from_latest"]
-    assert np.all(batch.versions[fl] == 1) and np.all(batch.group_ids[fl] >= 1000)
+    assert np.all(batch.versions[fl] == 1) and np.all(batch.prompt_ids[fl] >= 1000)
   assert binomial_ok(latest, slots, m), (latest, slots, m)
 
 
@@ -420,7 +433,7 @@ def test_concurrent_add_sample_sync_and_save_keep_invariants():
     while not stop.is_set():
       batch, info = buf.sample(4, 3, 0.5, **SIZES)
       assert batch.tokens.shape == (12, 14)
-      np.testing.assert_array_equal(batch.group_ids, np.repeat(info["prompt_ids"], 3))
+      np.testing.assert_array_equal(batch.prompt_ids, np.repeat(info["prompt_ids"], 3))
       assert np.all(batch.attention_mask[:, SIZES["max_prompt_len"]] == 1)
 
   def syncer():
