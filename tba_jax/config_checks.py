@@ -161,7 +161,8 @@ def _problems(config) -> Iterable[str]:
 def _microbatch_problems(get) -> Iterable[str]:
   """Micro-batches of whole groups (a group: one slot's K samples; tba_jax/batch.py) that
   split over the trainer's fsdp devices, so the update does not depend on their number."""
-  b, k, m = get("buffer.num_prompts"), get("buffer.samples_per_prompt"), get("optim.num_microbatches")
+  b, k = get("buffer.num_prompts"), get("buffer.samples_per_prompt")
+  m = get("optim.num_microbatches")
   if not all(isinstance(v, int) and v >= 1 for v in (b, k, m)):
     return  # reported above
   if b % m:

@@ -322,10 +322,13 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       if done == b.freeze_step:  # the cap is saved with the buffer, so a resume keeps it
         global_buffer.freeze_size()
       row = {k: float(v) for k, v in m.items()}
+      fl = info["from_latest"]  # the m branch's slots; some drawn with replacement?
       row.update(step_seconds=dt, tokens_per_second=m["num_tokens"] / dt,
                  staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
                  staleness_hist=np.bincount(np.minimum(staleness, 16)).tolist(),
                  fraction_from_latest=info["num_from_latest"] / b.num_prompts,
+                 m_draws_with_replacement=float(info["with_replacement"][fl].mean())
+                 if fl.any() else 0.0,
                  trainer_idle_fraction=clock.waiting / max(clock.waiting + clock.busy, 1e-9),
                  sync_seconds=clock.sync, buffer_entries=len(global_buffer),
                  buffer_prompts=global_buffer.stats()["num_prompts"],

@@ -25,10 +25,13 @@ any-prompt branch instead (counted in info["num_latest_fallback"]). A batch neve
 holds a latest prompt twice (the loss groups rows by prompt id, so a repeat would
 merge two groups into one of 2K); a slot with none left for it falls back too.
 
-The m branch draws its K entries uniformly from the prompt's newest generation
-(the entries sampled under the prompt's newest policy version, i.e. its latest
-search batch: the authors' CommentBuffer.get_batch draws from its n_online
-newest items), never from older ones.
+The m branch draws its K entries uniformly from the prompt's newest generation:
+the search group of its newest entry (Entry.group: the S samples of the prompt
+that a searcher drew together, whatever policy versions a streaming searcher's
+rows spanned; the authors' CommentBuffer.get_batch draws from its n_online
+newest items, their latest search batch), never from older ones, and without
+replacement when that group holds at least K (entries saved before groups were
+stamped: those of the newest entry's policy version).
 
 Staleness enters here: every entry keeps the policy version that sampled it,
 and `sample` returns those versions per row; the loop turns them into metrics.
@@ -75,6 +78,12 @@ def entry_probs(rewards: np.ndarray, tau: float, reward_weight: float) -> np.nda
   z = np.asarray(rewards, np.float64) / tau
   soft = np.exp(z - z.max())
   return reward_weight * soft / soft.sum() + (1.0 - reward_weight) / len(z)
+
+
+def _search_group(e: Entry) -> tuple:
+  """Entries sampled together: one searcher's search group (Entry.group); for entries
+  saved before groups were stamped, those of one policy version (the rule before)."""
+  return (e.searcher_id, e.group) if e.group >= 0 else (None, e.version)
 
 
 def _draw(p: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray, bool]:
@@ -324,7 +333,7 @@ class ReplayBuffer:
     Each slot independently takes the m branch with probability m: a latest
     prompt not yet taken in this sync window (once all were taken: another pass
     with `reuse_latest`, else the any-prompt branch) and K entries drawn
-    uniformly from its newest generation. Otherwise the any-prompt branch: a
+    uniformly from its newest generation (module docstring). Otherwise the any-prompt branch: a
     uniformly chosen prompt not already in this batch (any prompt once all are
     in it) and K entries drawn by `entry_probs(rewards, reward_tau,
     reward_weight)`. Either branch draws without replacement unless there are
@@ -386,9 +395,9 @@ class ReplayBuffer:
         fallback += 1
         continue
       pid = latest_left.pop(free[int(rng.integers(len(free)))])
-      items = list(self._entries[pid].values())
-      newest = max(e.version for _, e in items)
-      generation = [item for item in items if item[1].version == newest]
+      items = list(self._entries[pid].values())  # in seq order: the newest last
+      newest = _search_group(items[-1][1])
+      generation = [item for item in items if _search_group(item[1]) == newest]
       idx, replaced = _draw(np.full(len(generation), 1.0 / len(generation)), k, rng)
       # Buffer order within the slot (a uniform draw's order carries no information).
       slots[i] = (pid, True, replaced, [generation[j] for j in np.sort(idx)])

@@ -15,7 +15,7 @@ SIZES = dict(max_prompt_len=6, max_completion_len=8, pad_id=0)
 
 
 def make_entry(pid, completion, reward=0.0, version=0, eos=True, prompt=None, searcher=0,
-               temperature=1.0, ref=None, last_version=None):
+               temperature=1.0, ref=None, last_version=None, group=-1):
   completion = np.asarray(completion, np.int32)
   n = completion.size
   ref = -0.1 * np.arange(1, n + 1, dtype=np.float32) if ref is None else np.full(n, ref / n)
@@ -23,7 +23,7 @@ def make_entry(pid, completion, reward=0.0, version=0, eos=True, prompt=None, se
                completion=completion, reward=reward, ref_logprobs=ref,
                behaviour_logprobs=-0.2 * np.arange(1, n + 1, dtype=np.float32),
                version=version, searcher_id=searcher, ended_with_eos=eos,
-               temperature=temperature, last_version=last_version)
+               temperature=temperature, last_version=last_version, group=group)
 
 
 def fill(buf, pid, n, version=0, rewards=None, start=10):
@@ -40,7 +40,7 @@ def assert_same_entries(a, b):
   assert len(a) == len(b)
   for x, y in zip(a, b):
     for f in ("prompt_id", "reward", "version", "searcher_id", "ended_with_eos", "temperature",
-              "last_version"):
+              "last_version", "group"):
       assert getattr(x, f) == getattr(y, f), f
     for f in ("prompt", "completion", "ref_logprobs", "behaviour_logprobs"):
       np.testing.assert_array_equal(getattr(x, f), getattr(y, f))
@@ -233,6 +233,26 @@ def test_latest_branch_draws_k_uniformly_from_the_newest_generation():
     batch, info = buf.sample(1, k, 1.0, **SIZES)
     drawn = batch.tokens[:, SIZES["max_prompt_len"]].tolist()
     assert info["with_replacement"][0] and set(drawn) == {50, 51, 52} and len(drawn) == k
+
+
+def test_the_m_branch_draws_the_newest_search_group_whatever_versions_it_spans():
+  """A streamed group whose rows started under versions [3, 3, 4, 4] is one generation:
+  K = 4 of it, without replacement (not the two version-4 rows, each twice)."""
+  buf = ReplayBuffer(seed=5)
+  buf.add_many([make_entry(0, [10 + j, 2], version=2, group=1) for j in range(4)])
+  buf.add_many([make_entry(0, [30 + j, 2], version=v, last_version=4, group=6)
+                for j, v in enumerate([3, 3, 4, 4])])
+  buf.mark_sync()
+  for _ in range(20):
+    batch, info = buf.sample(1, 4, 1.0, **SIZES)
+    assert info["from_latest"][0] and not info["with_replacement"][0]
+    assert sorted(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == [30, 31, 32, 33]
+  # Group numbers are per searcher: another searcher's group 6 is another generation.
+  buf.add_many([make_entry(0, [50 + j, 2], version=5, searcher=1, group=6) for j in range(2)])
+  buf.mark_sync()
+  batch, info = buf.sample(1, 4, 1.0, **SIZES)
+  assert info["with_replacement"][0]
+  assert set(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == {50, 51}
 
 
 def test_mark_sync_windows_hold_the_prompts_refreshed_between_syncs():
@@ -505,7 +525,7 @@ def test_state_dict_restores_exactly_and_reproduces_future_samples():
 def test_pack_unpack_round_trips_with_padding_rows():
   entries = [make_entry(4, [3, 2], 0.25, 7, True, prompt=[1, 2, 3], searcher=2, temperature=1.5),
              make_entry(9, [5, 6, 7, 8], -1.5, 8, False, prompt=[4], searcher=1),
-             make_entry(4, [2], 1.0, 9, True, prompt=[1, 2, 3], last_version=12)]
+             make_entry(4, [2], 1.0, 9, True, prompt=[1, 2, 3], last_version=12, group=7)]
   assert [e.last_version for e in entries] == [7, 8, 12]  # None: sampled under `version` alone
   arrays = entries_lib.pack(entries, max_prompt_len=3, max_completion_len=4, num_rows=5)
   assert int(arrays["count"]) == 3
@@ -516,8 +536,9 @@ def test_pack_unpack_round_trips_with_padding_rows():
   with pytest.raises(ValueError, match="num_rows=2"):
     entries_lib.pack(entries, max_prompt_len=3, max_completion_len=4, num_rows=2)
   # Checkpoints' unmerged entries saved before last_version existed.
-  old = {k: v for k, v in arrays.items() if k != "last_version"}
+  old = {k: v for k, v in arrays.items() if k not in ("last_version", "group")}
   assert [e.last_version for e in entries_lib.unpack(old)] == [7, 8, 9]
+  assert [e.group for e in entries_lib.unpack(old)] == [-1, -1, -1]
   with pytest.raises(ValueError, match="last_version 2 < version 9"):
     entries_lib.normalized(make_entry(4, [2], version=9, last_version=2))
 
@@ -589,21 +610,23 @@ def test_freeze_size_caps_the_buffer_evicting_the_oldest_and_survives_a_restore(
   assert sorted(e.reward for e in lowest.entries()) == [1.0, 2.0, 5.0]
 
 
-def test_states_saved_before_temperature_last_version_and_the_cap_existed_still_load():
+def test_states_saved_before_temperature_last_version_group_and_the_cap_existed_still_load():
   buf = ReplayBuffer(max_entries=8)
-  buf.add_many([make_entry(0, [10, 2], 1.0, version=3, temperature=0.6, last_version=5),
-                make_entry(1, [11, 2], 2.0)])
+  buf.add_many([make_entry(0, [10, 2], 1.0, version=3, temperature=0.6, last_version=5,
+                           group=2),
+                make_entry(1, [11, 2], 2.0, group=3)])
   state = buf.state_dict()
   names = [n for n in rb._STATE_ARRAYS]
-  keep = [i for i, n in enumerate(names) if n not in ("temperature", "last_version")]
+  keep = [i for i, n in enumerate(names) if n not in ("temperature", "last_version", "group")]
   old = {k: v for k, v in state.items()
-         if k not in ("temperature", "last_version", "max_entries")}
+         if k not in ("temperature", "last_version", "group", "max_entries")}
   old["sizes"] = state["sizes"][keep]
   restored = ReplayBuffer(max_entries=8)
   restored.load_state_dict(old)
   assert [e.reward for e in restored.entries()] == [1.0, 2.0]
   assert [e.temperature for e in restored.entries()] == [1.0, 1.0]  # the default
   assert [e.last_version for e in restored.entries()] == [3, 0]  # = version
+  assert [e.group for e in restored.entries()] == [-1, -1]  # not recorded: by version
   assert restored.max_entries == 8
 
 

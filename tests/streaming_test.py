@@ -5,6 +5,7 @@ import pytest
 
 from tba_jax import sharding, weight_sync
 from tba_jax.model import init_params
+from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.sampler import Sampler
 from tba_jax.searcher import PromptStream, Searcher
 from tba_jax.streaming import StreamingSearcher
@@ -81,11 +82,12 @@ def test_entries_equal_the_static_searchers_when_weights_do_not_change(tiny_cfg)
       assert (a.reward, a.ended_with_eos, a.temperature) == (b.reward, b.ended_with_eos,
                                                               b.temperature)
       assert (b.version, b.last_version, b.searcher_id) == (3, 3, 0)
+      assert a.group == b.group  # batch 0's prompt j is group j, as the stream's j-th
       np.testing.assert_allclose(a.ref_logprobs, b.ref_logprobs, atol=1e-5)
       np.testing.assert_allclose(a.behaviour_logprobs, b.behaviour_logprobs, atol=1e-5)
 
 
-def _version_run(cfg, in_flight_updates):
+def _version_run(cfg, in_flight_updates, num_samples=2):
   policy = init_params(cfg, 1)
   mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
   later = weight_sync.publish(init_params(cfg, 2), sharding.param_shardings(cfg, "searcher", mesh))
@@ -93,7 +95,7 @@ def _version_run(cfg, in_flight_updates):
   mailbox = SwitchingMailbox(
       weight_sync.publish(policy, sharding.param_shardings(cfg, "searcher", mesh)), later, at=2)
   searcher = _searcher(cfg, num_slots=4, mailbox=mailbox, chunk_steps=2, num_prompts=4,
-                       in_flight_updates=in_flight_updates)
+                       num_samples=num_samples, in_flight_updates=in_flight_updates)
   entries = []
   for _ in range(3):
     searcher.search_once()
@@ -107,6 +109,32 @@ def test_rows_in_flight_take_new_weights_and_record_both_versions(tiny_cfg):
   spans = {(e.version, e.last_version) for e in entries}
   assert (3, 4) in spans and (4, 4) in spans  # rows in flight kept going under version 4
   assert spans <= {(3, 3), (3, 4), (4, 4)}
+
+
+def test_a_streamed_group_spanning_two_versions_stays_one_group_for_the_m_branch(tiny_cfg):
+  """A prompt's S rows placed before and after a weight swap start under two versions; they
+  are one search group (Entry.group), and the buffer's m branch draws all S of them
+  without replacement (it used to keep the newest version's rows and fill K with
+  repeats). 3 samples per prompt in 4 slots: the second group's first row is placed with
+  the first group, its other two after the swap."""
+  entries = _version_run(tiny_cfg, in_flight_updates=True, num_samples=3)
+  groups = {}
+  for e in entries:
+    groups.setdefault(e.group, []).append(e)
+  assert all(len(g) == 3 and len({e.prompt_id for e in g}) == 1 for g in groups.values())
+  assert sorted(groups) == list(range(len(groups)))  # numbered in taking order
+  split = [g for g, es in groups.items() if len({e.version for e in es}) == 2]
+  assert split, "no group started under two versions"
+  buf = ReplayBuffer(dedup=False)
+  buf.add_many(e for e in entries if e.group <= split[0])  # that group is its prompt's newest
+  buf.mark_sync()
+  pid = groups[split[0]][0].prompt_id
+  while True:
+    batch, info = buf.sample(1, 3, 1.0, max_prompt_len=4, max_completion_len=6, pad_id=0)
+    if info["prompt_ids"][0] == pid:
+      break
+  assert info["from_latest"][0] and not info["with_replacement"][0]
+  assert sorted(batch.versions.tolist()) == sorted(e.version for e in groups[split[0]])
 
 
 def test_without_in_flight_updates_every_entry_has_one_version(tiny_cfg):
