@@ -159,13 +159,15 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   def evaluate(params, step, wall_time=None):
     """Evaluates `params`, writes the scores and the evaluation's time; returns the scores."""
     start = time.perf_counter()
-    reference = None
+    reference = reference_config = None
     if task.evaluation is not None:  # a task's metrics may read the reference searcher 0 uses
       sr = pool.searchers[0]
+      reference_config = sr.ref_model_config  # with LoRA the base's, not the policy's
       reference = sr.ref_params if eval_index == 0 else jax.device_put(
-          sr.ref_params, sharding.param_shardings(sr.ref_model_config, "searcher", eval_mesh))
+          sr.ref_params, sharding.param_shardings(reference_config, "searcher", eval_mesh))
     scores = evaluator(publish(params, eval_index),
-                       jax.random.fold_in(jax.random.key(c.seed + 1), step), reference=reference)
+                       jax.random.fold_in(jax.random.key(c.seed + 1), step), reference=reference,
+                       reference_config=reference_config)
     metrics_writer.write(step, {**scores, "eval_seconds": time.perf_counter() - start},
                          wall_time=wall_time)
     return scores

@@ -209,6 +209,23 @@ def test_evaluation_matches_the_authors_win_rate_perplexity_and_kl(tmp_path, tok
   assert all(np.array(want["perplexity"]) < np.array(want["perplexity_per_token"]))  # the quirk
 
 
+def test_a_lora_policy_is_evaluated_against_its_base_with_each_its_own_config():
+  """The reference of a LoRA policy is the base (adapters off): its statistics run with
+  the base's config, and equal those of the merged policy evaluated as a plain model."""
+  from tba_jax import lora, model
+  from tba_jax.model import LoRAConfig
+  base_cfg = tldr.RANDOM_CLASSIFIER.replace(num_labels=0, vocab_size=258)
+  cfg = base_cfg.replace(lora=LoRAConfig(4, 8.0, base_cfg.projections))
+  base = model.init_params(base_cfg, 0)
+  adapters = jax.tree.map(lambda x: x + 0.05, lora.init_adapters(cfg, 1))  # B != 0: moved
+  policy = lora.combine(base, adapters)
+  rows = [([3, 4, 5], [6, 7]), ([9], [10, 11, 12])]
+  got = tldr.suffix_stats(cfg, policy, base_cfg, base, rows, _mesh(), PAD)
+  want = tldr.suffix_stats(base_cfg, lora.merge(cfg, policy), base_cfg, base, rows, _mesh(), PAD)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+  assert min(got[1]) > 0  # the adapters moved the policy off its reference
+
+
 def test_marker_and_eos_positions_and_a_text_without_a_marker_counts_nothing():
   assert tldr.last_marker_end([5, 6, 7, 5, 6], [5, 6]) == 5
   assert tldr.last_marker_end([5, 7], [5, 6]) is None
@@ -217,5 +234,5 @@ def test_marker_and_eos_positions_and_a_text_without_a_marker_counts_nothing():
   cfg = tldr.RANDOM_CLASSIFIER.replace(num_labels=0, vocab_size=258)
   from tba_jax import model
   params = model.init_params(cfg, 0)
-  nll, kl = tldr.suffix_stats(cfg, params, params, [([3, 4, 5], [])], _mesh(), PAD)
+  nll, kl = tldr.suffix_stats(cfg, params, cfg, params, [([3, 4, 5], [])], _mesh(), PAD)
   assert nll.tolist() == [0.0] and kl.tolist() == [0.0]
