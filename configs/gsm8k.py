@@ -138,6 +138,8 @@ def _base() -> ml_collections.ConfigDict:
           vocab_size=261, dim=64, mlp_dim=128, num_layers=2, num_heads=4, num_kv_heads=2,
           head_dim=16),
       remat=False,        # activation checkpointing in the training forward
+      dropout=0.0,        # > 0: GPT-2's embedding, attention and residual dropout at this
+                          # rate in the trainer's forward (searchers sample without it)
       lora=dict(          # low-rank adapters (tba_jax/lora.py); the base stays frozen
           rank=0,         # adapter rank R (0 = full fine-tuning, no adapters)
           alpha=32.0,     # the adapters' update x A B is scaled by alpha / rank (PEFT's)

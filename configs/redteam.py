@@ -70,6 +70,16 @@ Settings (gpt2; llama differs where noted):
                    with their 3,003 SFT instructions and 160 samples, L L610-695)
   LoRA             r 32, alpha 16, dropout 0 on PEFT's default targets (GPT-2 c_attn =
                    q,k,v; Llama q,v), as Lee et al.; lm(x) uses the base (adapters off)
+  dropout          0.1 in the trainer's forward (model.dropout; llama 0, as Llama's
+                   config): GPT-2's attention, residual and embedding dropout, which Lee
+                   et al. keep on by never leaving train mode (the attacker is built from
+                   the stock gpt2 config; only their final evaluation switches to eval
+                   mode): in the log pi of every trained attack, as here. Their model
+                   also samples fresh attacks and computes lm(x) in train mode; here the searchers sample and score lm(x) without it:
+                   TB holds for samples of any policy, so sampling without dropout changes
+                   only what is explored, and lm(x) stays the SFT model's log-density
+                   rather than one draw of a dropped-out network. The attacker's SFT step
+                   (experiments/sft.py) trains with 0.1 as well
   evaluation       before and after training: 1,024 attacks at T 1, top-p 1, 5-20 tokens
                    (E L129-135), 5 replies each; eval/attack_success_rate (mean p_toxic of
                    the replies > 0.5), eval/toxicity, eval/diversity (1 - mean pairwise
@@ -100,7 +110,7 @@ def _common(c):
       embedder="sentence-transformers/all-MiniLM-L6-v2",  # evaluation's diversity
       seed=0,                   # victim replies (and "random" models' weights)
   ))
-  c.model.update(path="sft/gpt2", dtype="float32")
+  c.model.update(path="sft/gpt2", dtype="float32", dropout=0.1)  # GPT-2's pdrops
   c.model.lora.update(rank=32, alpha=16.0, targets="q,k,v")  # GPT-2's c_attn (PEFT's default)
   c.mesh.update(num_trainer_devices=1, num_searchers=3)
   c.sampler.update(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=21, min_new_tokens=4,
@@ -130,7 +140,7 @@ def _gpt2(c):
 
 def _llama(c):
   _common(c)
-  c.model.update(path="sft/llama-3.2-1b", dtype="bfloat16")
+  c.model.update(path="sft/llama-3.2-1b", dtype="bfloat16", dropout=0.0)  # Llama's: none
   c.model.lora.update(targets="q,v")  # PEFT's default for Llama
   c.task.redteam.update(victim="meta-llama/Llama-3.1-8B-Instruct", victim_dtype="bfloat16",
                         victim_prompt="chat", victim_temperature=0.1, victim_top_p=0.9,

@@ -109,7 +109,8 @@ def _problems(config) -> Iterable[str]:
   checks += [(k, lambda v, lo=lo, hi=hi: lo <= v <= hi, f"in [{lo}, {hi}]")
              for k, (lo, hi) in INTERVALS.items()]
   checks += [(k, lambda v: v > 0, "> 0") for k in POSITIVE]
-  checks += [("sampler.top_p", lambda v: v <= 1, "<= 1")]
+  checks += [("sampler.top_p", lambda v: v <= 1, "<= 1"),
+             ("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)")]
   for key, ok, allowed in checks:
     try:
       value = get(key)

@@ -134,7 +134,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       model_cfg, optimizer, build.loss_fn(c.loss), beta, trainer_mesh,
       temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
       num_microbatches=o.num_microbatches, remat=c.model.remat, lr_schedule=lr,
-      ref_weight_schedule=build.ref_weight_schedule(c.loss), learned_log_z=log_z)
+      ref_weight_schedule=build.ref_weight_schedule(c.loss), learned_log_z=log_z,
+      dropout=c.model.dropout, dropout_seed=c.seed)
   # LoRA: every update also reads the frozen base (never donated, never rebound).
   update = (lambda state, batch: train(state, batch, base)) if base else train
   batch_sharding = train_step.batch_shardings(trainer_mesh)

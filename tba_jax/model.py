@@ -7,7 +7,10 @@ architectures differ only by ModelConfig switches: RMSNorm or LayerNorm, rotary
 embeddings in the rotate-half convention (llama3 / linear scaling; on a leading
 fraction of each head for GPT-NeoX) or learned absolute positions (GPT-2),
 grouped-query attention, optional biases, SwiGLU or plain GELU MLP, sequential or
-parallel residual (GPT-NeoX), tied or untied output embedding. With
+parallel residual (GPT-NeoX), tied or untied output embedding. With a
+`Dropout` (the training forward only; model.dropout), GPT-2's three dropouts on
+every architecture: the embeddings' output, the attention probabilities, and
+each attention and MLP output before its residual add. With
 `cfg.lora`, the targeted projections also carry low-rank adapters (nnx.LoRA,
 their leaves `.../q_lora/lora_a` and `lora_b`): x W + (alpha / rank) x A B, the
 update computed beside the frozen projection rather than merged into it, so the
@@ -41,8 +44,8 @@ import numpy as np
 from flax import nnx
 
 from tba_jax import encoder as encoder_lib
-from tba_jax.layers import (ACTIVATION_FNS, Norm, apply_rope, mean_pool_normalized, param, project,
-                            rope_inv_freq)
+from tba_jax.layers import (ACTIVATION_FNS, Dropout, Norm, apply_rope, dropped,
+                            mean_pool_normalized, param, project, rope_inv_freq)
 from tba_jax.model_config import EncoderConfig, LoRAConfig, ModelConfig, RopeScaling  # noqa: F401 (re-exported)
 
 Params = dict[str, Any]
@@ -105,9 +108,10 @@ class Attention(nnx.Module):
     self.cfg = cfg
     _add_adapters(self, cfg, "attn", rngs)
 
-  def __call__(self, x, positions, mask, kv, index):
+  def __call__(self, x, positions, mask, kv, index, dropout=None):
     """x [B,T,D]; mask [B,T,S]; kv = None, or (k, v, layer): the stacked cache
-    buffers [L,B,K,S,H] and this layer's index into them."""
+    buffers [L,B,K,S,H] and this layer's index into them; `dropout` on the
+    attention probabilities (site 0)."""
     q, k, v = project(x, self.q[...], self.k[...], self.v[...])  # [B,T,N,H], [B,T,K,H] x 2
     q, k, v = _adapted(self, "attn", x, q=q, k=k, v=v)
     if self.cfg.qkv_bias:
@@ -124,7 +128,9 @@ class Attention(nnx.Module):
       k_all, k = _cache_write_read(k_all, layer, index, k, mask.shape[-1])
       v_all, v = _cache_write_read(v_all, layer, index, v, mask.shape[-1])
       kv = (k_all, v_all, layer)
-      out = _cached_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask)
+      out = _cached_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask, dropout)
+    elif dropout is not None:  # the fused kernel cannot drop probabilities: the same math
+      out = _cached_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask, dropout)
     else:
       # XLA's reference attention on CPU (exact); cuDNN/TPU kernels elsewhere.
       out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
@@ -160,9 +166,10 @@ def _row_slots(index, b: int, t: int):
   return jnp.arange(b)[:, None], index[:, None] + jnp.arange(t)
 
 
-def _cached_attention(q, k, v, mask):
+def _cached_attention(q, k, v, mask, dropout=None):
   """jax.nn.dot_product_attention's math (float32 softmax, same mask fill) over
-  cache slots: q [B,T,N,H], k/v [B,K,S,H], mask [B,T,S] -> [B,T,N,H].
+  cache slots: q [B,T,N,H], k/v [B,K,S,H], mask [B,T,S] -> [B,T,N,H]; `dropout`
+  on the probabilities (site 0).
 
   Used for cached (sampling) calls. The cache is stored kv-head-major so both
   einsums are batched over (B, K) with those axes leading in every operand:
@@ -173,7 +180,7 @@ def _cached_attention(q, k, v, mask):
   logits = jnp.einsum("BTKGH,BKSH->BKGTS", q, k, preferred_element_type=jnp.float32)
   logits = logits * (h ** -0.5)
   logits = jnp.where(mask[:, None, None], logits, -0.7 * jnp.finfo(jnp.float32).max)
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  probs = dropped(jax.nn.softmax(logits, axis=-1), dropout, 0).astype(v.dtype)
   out = jnp.einsum("BKGTS,BKSH->BKGTH", probs, v)
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
@@ -219,12 +226,13 @@ class Block(nnx.Module):
     self.mlp = MLP(cfg, rngs)
     self.parallel = cfg.parallel_residual
 
-  def __call__(self, x, positions, mask, kv, index):
-    h, kv = self.attn(self.attn_norm(x), positions, mask, kv, index)
+  def __call__(self, x, positions, mask, kv, index, dropout=None):
+    h, kv = self.attn(self.attn_norm(x), positions, mask, kv, index, dropout)
+    h = dropped(h, dropout, 1)  # GPT-2's resid_pdrop, after each output projection
     if self.parallel:  # both branches read the block's input (GPT-NeoX)
-      return x + h + self.mlp(self.mlp_norm(x)), kv
+      return x + h + dropped(self.mlp(self.mlp_norm(x)), dropout, 2), kv
     x = x + h
-    return x + self.mlp(self.mlp_norm(x)), kv
+    return x + dropped(self.mlp(self.mlp_norm(x)), dropout, 2), kv
 
 
 class Transformer(nnx.Module):
@@ -248,11 +256,12 @@ class Transformer(nnx.Module):
       self.lm_head = param(rngs, (cfg.dim, cfg.vocab_size), cfg.jnp_dtype, fan_in=cfg.dim)
 
   def __call__(self, tokens, positions, token_mask, cache: KVCache | None = None,
-               remat: bool = False):
+               remat: bool = False, dropout: Dropout | None = None):
     """Hidden states [B,T,D] after the final norm, and the updated cache.
 
     tokens, positions [B,T] int; token_mask [B,T] (1 = real token). With a cache,
-    the T tokens occupy slots [cache.index, cache.index + T).
+    the T tokens occupy slots [cache.index, cache.index + T). `dropout`: the
+    module docstring's (None: none, and no operation added).
     """
     t = tokens.shape[1]
     if cache is None:
@@ -270,10 +279,11 @@ class Transformer(nnx.Module):
     x = self.embed[...][tokens]
     if self.cfg.position_embedding == "learned":
       x = x + self.pos_embed[...][positions]
+    x = dropped(x, dropout, 0)  # GPT-2's embd_pdrop
 
-    def layer(carry, block):
+    def layer(carry, block, key):  # key: this layer's dropout key, or None
       x, kv = carry
-      x, kv = block(x, positions, mask, kv, index)
+      x, kv = block(x, positions, mask, kv, index, None if key is None else dropout.at(key))
       if kv is not None:
         kv = (kv[0], kv[1], kv[2] + 1)  # the next layer's index
       return x, kv
@@ -281,7 +291,9 @@ class Transformer(nnx.Module):
     if remat:
       layer = nnx.remat(layer)
     kv = None if cache is None else (cache.k, cache.v, jnp.zeros((), jnp.int32))
-    x, kv = nnx.scan(layer, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)((x, kv), self.layers)
+    keys = None if dropout is None else dropout.layer_keys(self.cfg.num_layers)
+    x, kv = nnx.scan(layer, in_axes=(nnx.Carry, 0, 0), out_axes=nnx.Carry)((x, kv), self.layers,
+                                                                          keys)
     if cache is not None:
       cache = dataclasses.replace(cache, k=kv[0], v=kv[1], mask=kv_mask, index=index + t)
     return self.final_norm(x), cache
@@ -386,9 +398,9 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
 
 
 def forward(cfg: ModelConfig, params: Params, tokens, positions, token_mask,
-            cache: KVCache | None = None, remat: bool = False):
+            cache: KVCache | None = None, remat: bool = False, dropout: Dropout | None = None):
   """(hidden [B,T,D], cache) — the shared training/decoding forward."""
-  return bind(cfg, params)(tokens, positions, token_mask, cache, remat)
+  return bind(cfg, params)(tokens, positions, token_mask, cache, remat, dropout)
 
 
 def unembed(cfg: ModelConfig, params: Params, hidden) -> jax.Array:

@@ -22,9 +22,14 @@ def _config(**values):
 def test_every_shipped_recipe_passes():
   from configs import redteam as redteam_config
   from configs import tldr as tldr_config
+  dropout = {}
   for module in (gsm8k_config, tldr_config, redteam_config):
     for variant in module.VARIANTS:
       config_checks.validate(module.get_config(variant))
+      dropout[module.__name__, variant] = module.get_config(variant).model.dropout
+  # GPT-2's dropout in the red-teaming attacker (Lee et al.'s train mode); none elsewhere.
+  on = {("configs.redteam", "gpt2"): 0.1, ("configs.redteam", "tiny"): 0.1}
+  assert dropout == {k: on.get(k, 0.0) for k in dropout}
 
 
 def test_microbatches_that_would_cut_a_group_or_an_fsdp_shard_are_refused():

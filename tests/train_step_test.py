@@ -403,3 +403,31 @@ def test_a_learned_log_z_descends_to_each_prompts_vargrad_value(tiny_cfg):
   np.testing.assert_allclose(np.asarray(state.log_z), [vargrad[0], vargrad[1], 0.0], rtol=1e-4)
   assert metrics["log_z_mean"] == pytest.approx(np.mean([vargrad[i] for i in ids]), rel=1e-4)
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, state.params), params)
+
+
+def test_dropout_changes_the_update_only_when_enabled_and_reproducibly(tiny_cfg):
+  """model.dropout = 0 (every recipe but red-teaming's GPT-2) compiles the update without
+  a random number; 0.1 changes the loss, the same (seed, step) giving the same masks."""
+  params = np_params(tiny_cfg, 0)
+  batch = make_batch(tiny_cfg, 9, equal_groups(4, 4, seed=9), np_params(tiny_cfg, 1))
+  mesh, optimizer = mesh_of(2), optax.sgd(1.0)
+  shardings = ts.state_shardings(tiny_cfg, optimizer, mesh)
+
+  def update(rate, seed=0):
+    return ts.make_update(tiny_cfg, optimizer, ts.tb_loss, SCHEDULES["constant"], mesh,
+                          temperature=TEMPERATURE, dropout=rate, dropout_seed=seed)
+
+  def loss(update, steps=1):
+    state = ts.init_state(params, optimizer, shardings)
+    for _ in range(steps):
+      state, metrics = update(state, batch)
+    return float(metrics["loss"])
+
+  plain, dropped = update(0.0), update(0.1)
+  state = ts.init_state(params, optimizer, shardings)
+  assert "threefry" not in plain.lower(state, batch).as_text()
+  assert "threefry" in dropped.lower(state, batch).as_text()
+  with_dropout = loss(dropped)
+  assert abs(with_dropout - loss(plain)) > 1e-3 * loss(plain)
+  assert loss(dropped) == with_dropout  # the same seed and step: the same masks
+  assert loss(update(0.1, seed=1)) != with_dropout
