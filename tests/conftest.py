@@ -25,3 +25,14 @@ TINY_LLAMA = ModelConfig(vocab_size=128, dim=64, mlp_dim=128, num_layers=2, num_
 @pytest.fixture
 def tiny_cfg():
   return TINY_LLAMA
+
+
+def favouring(cfg, params, token: int, margin: float = 50.0):
+  """`params` (a decoder's, host or device arrays) made to emit `token` whenever it may:
+  the final norm outputs the constant b = margin * w / |w|^2, w the token's output row,
+  so its logit is `margin` and the others' are margin * cos * |w_v| / |w| (far below)."""
+  import jax.numpy as jnp
+  out = params["embed"][token] if cfg.tie_embeddings else params["lm_head"][:, token]
+  norm = dict(params["final_norm"], scale=jnp.zeros_like(params["final_norm"]["scale"]),
+              bias=margin * out / jnp.sum(out * out))
+  return dict(params, final_norm=norm)

@@ -143,6 +143,42 @@ def test_reward_is_the_score_at_the_eos_token_and_minus_one_without_eos(tmp_path
   assert got[1] == -1.0
 
 
+def test_an_eos_sampled_as_the_last_allowed_token_ends_the_summary_with_no_penalty():
+  """EOS in the 12th and last column (masked before it) is an ended completion of 12
+  tokens, scored by the reward model; only a summary cut off without EOS gets -1. The tiny
+  recipe's searchers, policy and reward model (random)."""
+  from conftest import favouring
+  from configs import tldr as tldr_config
+  from tba_jax import weight_sync
+  from tba_jax.replay_buffer import ReplayBuffer
+  c = tldr_config.get_config("tiny,sampler.min_new_tokens=11")  # max_new_tokens 12
+  tok = config_builders.load_tokenizer(c.model)
+  task = config_builders.build_task(c.task, tok)
+  devices = jax.local_devices()
+  cfg, params, _ = config_builders.load_policy(
+      c.model, tok, "float32", sharding.make_mesh("trainer", devices[:1]), c.seed)
+  mesh = sharding.make_mesh("searcher", devices[1:2])
+  publish = lambda p, i: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
+  pool = config_builders.searcher_pool(
+      c.sampler, task, tok, cfg, [mesh], publish=publish, params=favouring(cfg, params, EOS),
+      reference=None, max_prompt_len=c.task.max_prompt_len, seed=0, max_restarts=0,
+      prompt_tokens=config_builders.encode_prompts(task.train, task, tok, c.task.max_prompt_len),
+      fault_cfg=c.fault)
+  seen = {True: [], False: []}
+  for version, policy in enumerate((None, params, params)):
+    if policy is not None:
+      pool.publish(version, policy)  # the random policy: mostly cut off at 12 tokens
+    pool.search_round(2)
+    buffer = ReplayBuffer(dedup=False)
+    pool.merge(buffer)
+    for e in buffer.entries():
+      assert e.length == 12 and e.ended_with_eos == (e.completion[-1] == EOS)
+      seen[e.ended_with_eos].append(e.reward)
+  assert len(seen[True]) >= 8 and len(seen[False]) >= 8
+  assert all(r != -1.0 for r in seen[True])  # ended: the reward model's score
+  assert all(r == -1.0 for r in seen[False])  # cut off: the penalty
+
+
 # ---------------------------------------------------------------------------
 # Evaluation against the authors' formulas (eval_tldr, src/perplexity.py, src/kl.py).
 # ---------------------------------------------------------------------------
