@@ -75,7 +75,7 @@ variant has not been measured yet):
   m branch prompts          latest sync's, without      same, reused when used   buffer_utils.py L142-150
                             replacement, then reused    up
   m branch entries          K uniform from the newest   same (n_online newest)   buffer_utils.py L76-83
-                            generation
+                            search group (its S)
   other slots               any prompt, K uniform       same (inv_temp 0)        buffer_utils.py L74-75, trainer L158
   evaluation                greedy, 512, 1319 problems, same, at the end         trainer L353-383, L397
                             before and after
@@ -95,7 +95,15 @@ variant has not been measured yet):
   - Fewer than K unique entries: they draw all K with replacement; we take every
     unique entry once and only the shortfall with replacement.
   - Micro-batches: their 7 one-prompt micro-batches accumulate bfloat16
-    gradients; we take the mean gradient of the batch in one pass.
+    gradients; we take the mean gradient of the batch in one pass. Either way
+    log Z is estimated per slot: a prompt drawn into two slots is two groups of
+    K (theirs: two micro-batches), and optim.num_microbatches must divide
+    buffer.num_prompts (a micro-batch holds whole slots), so the update does
+    not depend on it.
+  - loss.ratio_clip (off here) weights each sequence's squared residual by its
+    clipped sequence-level importance ratio; the paper's TBA-prime instead puts
+    a per-token ratio in its loss (its code is not released), so ratio_clip is
+    not TBA-prime's objective.
 
   qwen    Qwen2.5-0.5B-Instruct (or 1.5B: --config.model.path=Qwen/Qwen2.5-1.5B-Instruct)
           on GSM8K with the chat template, for one accelerator (Colab): the two

@@ -42,9 +42,15 @@ Settings (gpt2; llama differs where noted):
                    (TBA); tau 2 -> 1 over 500 steps (llama: 1000); gamma 1 (llama:
                    1 -> 1.2 over 2000); c = mean log p_toxic of 5 replies
   victim replies   T 0.7, top-p 0.92, 30 tokens, float32 (llama: T 0.1, top-p 0.9, 64
-                   tokens, bfloat16, chat template; configs/*.json, L L183-194)
+                   tokens, bfloat16, chat template; configs/*.json, L L183-194). Llama's
+                   chat-template prompts (victim and Llama-Guard) start with one BOS here;
+                   Lee et al. pass the template's text, which holds its BOS, to vLLM, whose
+                   tokenizer adds a second (L L473-477, U L113-127)
   exploration      per searcher batch, p 0.5: T ~ U(0.5, 2.0) (llama U(0.7, 2.0)), else 1
-                   (L L279-285); log-probs at T 1
+                   (L L279-285); log-probs at T 1. The behaviour log-probs the searchers
+                   record are those of the distribution sampled, at the batch's own T: the
+                   RLOO / GRPO baselines (loss.name) use them, so under exploration their
+                   KL shaping and ratios compare a policy at that T with one at T 1
   log Z            VarGrad (TBA's estimator, Eq. 5): one group, the batch's 128 attacks.
                    UNSURE: Lee et al. learn log Z, a linear head on the prompt's mean-
                    pooled hidden states trained with the LoRA weights (L L167, L317-350).
@@ -54,7 +60,10 @@ Settings (gpt2; llama differs where noted):
                    through the policy's hidden states is not reproduced)
   optimizer        AdamW lr 1e-4, weight decay 0.01 (torch's default), warmup 100, linear
                    decay to 0 at step 40,000 (Lee's scheduler is built for 5000 x 8
-                   micro-steps and stepped once per step: lr 0.88e-4 at the end), clip 1.0
+                   micro-steps and stepped once per step: lr 0.88e-4 at the end), clip 1.0.
+                   Update u uses lr(u), the TBA authors' convention (their scheduler steps
+                   before the update); Lee et al. step theirs after it (L L722-724), so
+                   their update u uses lr(u - 1) and their first update lr(0) = 0
   batch            128 attacks = 1 slot x 128 (one prompt: log Z is one group), m 0.5,
                    k 10, 5000 steps (TBA B.3)
   m rule           with probability m the batch is 128 attacks of the newest generation

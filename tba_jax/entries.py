@@ -17,7 +17,7 @@ import numpy as np
 # (ReplayBuffer.state_dict uses them too.)
 SCALAR_FIELDS = (("prompt_id", np.int32), ("reward", np.float32), ("version", np.int32),
                  ("searcher_id", np.int32), ("ended_with_eos", np.int32),
-                 ("temperature", np.float32), ("last_version", np.int32), ("group", np.int32))
+                 ("temperature", np.float32), ("last_version", np.int32))
 PER_TOKEN_FIELDS = (("completion", np.int32), ("ref_logprobs", np.float32),
                     ("behaviour_logprobs", np.float32))
 
@@ -39,11 +39,6 @@ class Entry:
   ended_with_eos: bool = False    # False: truncated at the max length, no EOS
   temperature: float = 1.0        # the sampling temperature of its batch (searchers explore)
   last_version: int | None = None
-  # The search group it was sampled in: its searcher's count of prompt groups taken before
-  # it (a static searcher's batch b holds groups b*P .. b*P+P-1, one per prompt; a streaming
-  # searcher's g-th prompt is group g), so (searcher_id, group) names the S samples of one
-  # prompt drawn together, whatever versions they span. -1: not recorded (older states).
-  group: int = -1
 
   def __post_init__(self):
     if self.last_version is None:  # sampled under one version (and states saved before)
@@ -85,8 +80,7 @@ def normalized(e: Entry) -> Entry:
   # all-gather without x64) is lossless and every host holds bit-identical buffers.
   return Entry(int(e.prompt_id), frozen(e.prompt, np.int32), completion,
                float(np.float32(e.reward)), ref, beh, int(e.version), int(e.searcher_id),
-               bool(e.ended_with_eos), float(np.float32(e.temperature)), int(e.last_version),
-               int(e.group))
+               bool(e.ended_with_eos), float(np.float32(e.temperature)), int(e.last_version))
 
 
 def check_fits(entries: Iterable[Entry], max_prompt_len: int, max_completion_len: int):

@@ -106,16 +106,6 @@ class Exploration:
     return default
 
 
-@dataclasses.dataclass(frozen=True)
-class Origin:
-  """How one completion was sampled: what its Entry is stamped with."""
-  prompt_id: int
-  group: int          # Entry.group: its search group (per searcher)
-  temperature: float  # of its sampling
-  version: int        # the oldest policy version that sampled it (its prefill's)
-  last_version: int   # the newest (a streaming searcher's rows may take new weights)
-
-
 @dataclasses.dataclass
 class SearchStats:
   num_samples: int = 0
@@ -173,30 +163,26 @@ class Searcher:
       key = jax.random.fold_in(self.key, self.num_batches)
       rng = np.random.default_rng([self.seed, self.id, self.num_batches])
     temperature = self.explore.temperature(rng, self.sampler.options.temperature)
-    # [P] prompts -> [P * S] rows, prompt-major: row r is prompt ids[r // S], of search
-    # group b * P + r // S (batch b), the numbering a streaming searcher's groups share.
-    s, first = self.num_samples, self.num_batches * self.num_prompts
-    origins = [Origin(i, first + r // s, temperature, version, version)
-               for r, i in enumerate(i for i in ids for _ in range(s))]
-    out = self.sampler(params, [self.prompt_tokens[o.prompt_id] for o in origins], key,
+    # [P] prompts -> [P * S] rows, prompt-major: row r is prompt ids[r // S].
+    rows = [i for i in ids for _ in range(self.num_samples)]
+    out = self.sampler(params, [self.prompt_tokens[i] for i in rows], key,
                        temperature=temperature)
-    n = len(origins)
-    entries = self._score(origins, [out.tokens[r, :out.lengths[r]] for r in range(n)],
-                          [out.tempered_logprobs[r, :out.lengths[r]] for r in range(n)])
+    entries = self._score(rows, [out.tokens[r, :out.lengths[r]] for r in range(len(rows))],
+                          [out.tempered_logprobs[r, :out.lengths[r]] for r in range(len(rows))],
+                          [temperature] * len(rows), [(version, version)] * len(rows))
     with self._commit:  # a snapshot sees the whole batch, or its prompts in flight
       self._record(entries)
       self._in_flight = []
       self.num_batches += 1
       self.stats.num_batches += 1
       self.stats.busy_seconds += time.perf_counter() - start
-    return n
+    return len(rows)
 
-  def _score(self, origins: list[Origin], completions: list[np.ndarray],
-             behaviour: list[np.ndarray]) -> list[Entry]:
-    """Entries of completions[r], sampled as origins[r] says: the reward stage scores them
-    all in one batch, and the reference log-probs come from one forward pass. `behaviour`
-    holds the tempered per-token log-probs the sampler recorded."""
-    rows = [o.prompt_id for o in origins]
+  def _score(self, rows: list[int], completions: list[np.ndarray], behaviour: list[np.ndarray],
+             temperatures: list[float], versions: list[tuple[int, int]]) -> list[Entry]:
+    """Entries of completions[r] of prompt rows[r]: the reward stage scores them all in one
+    batch, and the reference log-probs come from one forward pass. `behaviour` holds the
+    tempered per-token log-probs the sampler recorded; versions[r] = (oldest, newest)."""
     prompts = [self.prompt_tokens[i] for i in rows]
     eos = set(self.sampler.options.eos_ids)
     ended = np.array([c.size > 0 and int(c[-1]) in eos for c in completions])
@@ -207,12 +193,12 @@ class Searcher:
       raise ValueError(f"the reward stage returned shape {rewards.shape} for {len(rows)} "
                        "completions; expected one reward per completion")
     ref = self._reference_logprobs(prompts, completions)
-    return [Entry(prompt_id=o.prompt_id, prompt=prompts[r], completion=completions[r],
+    return [Entry(prompt_id=i, prompt=prompts[r], completion=completions[r],
                   reward=float(rewards[r]), ref_logprobs=ref[r, :completions[r].size],
-                  behaviour_logprobs=behaviour[r], version=o.version, searcher_id=self.id,
-                  ended_with_eos=bool(ended[r]), temperature=o.temperature,
-                  last_version=o.last_version, group=o.group)
-            for r, o in enumerate(origins)]
+                  behaviour_logprobs=behaviour[r], version=versions[r][0], searcher_id=self.id,
+                  ended_with_eos=bool(ended[r]), temperature=temperatures[r],
+                  last_version=versions[r][1])
+            for r, i in enumerate(rows)]
 
   def _record(self, entries: list[Entry]) -> None:
     """Scored entries into the local buffer and the counters (the caller holds the lock)."""

@@ -26,9 +26,7 @@ Weights. With `in_flight_updates` (sync.in_flight_updates) the searcher takes
 newly published weights between decode chunks without draining its slots: a
 row then spans versions, and its entry records the oldest (`Entry.version`, its
 prompt's prefill; staleness is measured from it) and the newest
-(`Entry.last_version`); a prompt's S rows may then start under different
-versions, and `Entry.group` (g) keeps them one search group for the replay
-buffer's m branch. TB uses no behaviour log-probs, so such samples are
+(`Entry.last_version`). TB uses no behaviour log-probs, so such samples are
 ordinary off-policy data; RLOO / GRPO keep the per-token log-probs the sampler
 recorded. Without it, new weights wait until the slots are empty (no prompt is
 queued meanwhile), so every entry's versions are exact, as the static searcher's.
@@ -47,7 +45,7 @@ import jax
 import numpy as np
 
 from tba_jax import continuous
-from tba_jax.searcher import Origin, Searcher
+from tba_jax.searcher import Searcher
 
 
 @dataclasses.dataclass
@@ -121,11 +119,11 @@ class StreamingSearcher(Searcher):
     ready = [g for g, group in self._groups.items() if len(group.ended) == s]
     for at in range(0, len(ready), self.num_prompts):
       piece = ready[at:at + self.num_prompts]
-      rows = [(g, self._groups[g].ended[k]) for g in piece for k in range(s)]
-      origins = [Origin(self._groups[g].prompt_id, g, self._groups[g].temperature,
-                        c.first_version, c.last_version) for g, c in rows]
-      entries = self._score(origins, [c.tokens for _, c in rows],
-                            [c.tempered_logprobs for _, c in rows])
+      rows = [(self._groups[g], self._groups[g].ended[k]) for g in piece for k in range(s)]
+      entries = self._score([group.prompt_id for group, _ in rows],
+                            [c.tokens for _, c in rows], [c.tempered_logprobs for _, c in rows],
+                            [group.temperature for group, _ in rows],
+                            [(c.first_version, c.last_version) for _, c in rows])
       with self._commit:  # a snapshot sees a group's entries, or its prompt in flight
         self._record(entries)
         for g in piece:

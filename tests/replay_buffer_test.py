@@ -15,7 +15,7 @@ SIZES = dict(max_prompt_len=6, max_completion_len=8, pad_id=0)
 
 
 def make_entry(pid, completion, reward=0.0, version=0, eos=True, prompt=None, searcher=0,
-               temperature=1.0, ref=None, last_version=None, group=-1):
+               temperature=1.0, ref=None, last_version=None):
   completion = np.asarray(completion, np.int32)
   n = completion.size
   ref = -0.1 * np.arange(1, n + 1, dtype=np.float32) if ref is None else np.full(n, ref / n)
@@ -23,7 +23,7 @@ def make_entry(pid, completion, reward=0.0, version=0, eos=True, prompt=None, se
                completion=completion, reward=reward, ref_logprobs=ref,
                behaviour_logprobs=-0.2 * np.arange(1, n + 1, dtype=np.float32),
                version=version, searcher_id=searcher, ended_with_eos=eos,
-               temperature=temperature, last_version=last_version, group=group)
+               temperature=temperature, last_version=last_version)
 
 
 def fill(buf, pid, n, version=0, rewards=None, start=10):
@@ -40,7 +40,7 @@ def assert_same_entries(a, b):
   assert len(a) == len(b)
   for x, y in zip(a, b):
     for f in ("prompt_id", "reward", "version", "searcher_id", "ended_with_eos", "temperature",
-              "last_version", "group"):
+              "last_version"):
       assert getattr(x, f) == getattr(y, f), f
     for f in ("prompt", "completion", "ref_logprobs", "behaviour_logprobs"):
       np.testing.assert_array_equal(getattr(x, f), getattr(y, f))
@@ -207,11 +207,13 @@ def test_latest_prompts_are_taken_without_replacement_then_reused_or_fall_back(r
 
 
 def test_latest_branch_draws_k_uniformly_from_the_newest_generation():
-  """The authors' CommentBuffer.get_batch: K at random among the n_online newest items,
-  with replacement only when fewer than K exist; never older entries."""
+  """The authors' CommentBuffer.get_batch: K at random among the n_online newest items
+  (those of the latest merge), with replacement only when fewer than K exist; never older
+  entries."""
   k, trials = 4, 1500
   buf = ReplayBuffer(seed=3)
   fill(buf, 0, 10, version=0, start=10)  # an older generation: tokens 10..19
+  buf.mark_sync()
   fill(buf, 0, 8, version=2, start=30)   # the newest: tokens 30..37
   buf.mark_sync()
   counts = np.zeros(8)
@@ -235,24 +237,33 @@ def test_latest_branch_draws_k_uniformly_from_the_newest_generation():
     assert info["with_replacement"][0] and set(drawn) == {50, 51, 52} and len(drawn) == k
 
 
-def test_the_m_branch_draws_the_newest_search_group_whatever_versions_it_spans():
+def test_the_m_branch_draws_what_the_prompt_received_at_its_latest_sync():
   """A streamed group whose rows started under versions [3, 3, 4, 4] is one generation:
-  K = 4 of it, without replacement (not the two version-4 rows, each twice)."""
+  K = 4 of it, without replacement (not the two version-4 rows, each twice); and a
+  red-teaming prompt's generation is every batch merged at its latest sync, whatever
+  searchers and versions sampled them (the authors' n_online items)."""
   buf = ReplayBuffer(seed=5)
-  buf.add_many([make_entry(0, [10 + j, 2], version=2, group=1) for j in range(4)])
-  buf.add_many([make_entry(0, [30 + j, 2], version=v, last_version=4, group=6)
+  fill(buf, 0, 4, version=2)
+  buf.mark_sync()
+  buf.add_many([make_entry(0, [30 + j, 2], version=v, last_version=4)
                 for j, v in enumerate([3, 3, 4, 4])])
   buf.mark_sync()
   for _ in range(20):
     batch, info = buf.sample(1, 4, 1.0, **SIZES)
     assert info["from_latest"][0] and not info["with_replacement"][0]
     assert sorted(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == [30, 31, 32, 33]
-  # Group numbers are per searcher: another searcher's group 6 is another generation.
-  buf.add_many([make_entry(0, [50 + j, 2], version=5, searcher=1, group=6) for j in range(2)])
+  for searcher, version in ((0, 5), (1, 6), (2, 5)):  # three batches of 2 in one merge
+    buf.add_many([make_entry(0, [50 + 2 * searcher + j, 2], version=version, searcher=searcher)
+                  for j in range(2)])
   buf.mark_sync()
-  batch, info = buf.sample(1, 4, 1.0, **SIZES)
-  assert info["with_replacement"][0]
-  assert set(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == {50, 51}
+  batch, info = buf.sample(1, 6, 1.0, **SIZES)
+  assert not info["with_replacement"][0]
+  assert sorted(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == list(range(50, 56))
+  # A window that refreshed no prompt leaves each prompt's generation as it was.
+  buf.mark_sync()
+  batch, info = buf.sample(1, 7, 1.0, **SIZES)
+  assert info["with_replacement"][0]  # 6 < K
+  assert set(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == set(range(50, 56))
 
 
 def test_mark_sync_windows_hold_the_prompts_refreshed_between_syncs():
@@ -299,8 +310,8 @@ def test_with_replacement_only_below_k_unique_entries(m):
   for pid, n in sizes.items():
     fill(buf, pid, n)
   for _ in range(30):
-    if m:  # re-adding one entry (a de-dup replace) makes all three prompts latest again
-      buf.add_many([buf.entries(pid)[0] for pid in sizes])
+    if m:  # re-adding the entries (de-dup replaces) makes them the latest merge again
+      buf.add_many(buf.entries())
       buf.mark_sync()
     _, info = buf.sample(3, k, m, **SIZES)
     assert info["from_latest"].tolist() == [bool(m)] * 3
@@ -525,7 +536,7 @@ def test_state_dict_restores_exactly_and_reproduces_future_samples():
 def test_pack_unpack_round_trips_with_padding_rows():
   entries = [make_entry(4, [3, 2], 0.25, 7, True, prompt=[1, 2, 3], searcher=2, temperature=1.5),
              make_entry(9, [5, 6, 7, 8], -1.5, 8, False, prompt=[4], searcher=1),
-             make_entry(4, [2], 1.0, 9, True, prompt=[1, 2, 3], last_version=12, group=7)]
+             make_entry(4, [2], 1.0, 9, True, prompt=[1, 2, 3], last_version=12)]
   assert [e.last_version for e in entries] == [7, 8, 12]  # None: sampled under `version` alone
   arrays = entries_lib.pack(entries, max_prompt_len=3, max_completion_len=4, num_rows=5)
   assert int(arrays["count"]) == 3
@@ -536,9 +547,8 @@ def test_pack_unpack_round_trips_with_padding_rows():
   with pytest.raises(ValueError, match="num_rows=2"):
     entries_lib.pack(entries, max_prompt_len=3, max_completion_len=4, num_rows=2)
   # Checkpoints' unmerged entries saved before last_version existed.
-  old = {k: v for k, v in arrays.items() if k not in ("last_version", "group")}
+  old = {k: v for k, v in arrays.items() if k != "last_version"}
   assert [e.last_version for e in entries_lib.unpack(old)] == [7, 8, 9]
-  assert [e.group for e in entries_lib.unpack(old)] == [-1, -1, -1]
   with pytest.raises(ValueError, match="last_version 2 < version 9"):
     entries_lib.normalized(make_entry(4, [2], version=9, last_version=2))
 
@@ -610,24 +620,30 @@ def test_freeze_size_caps_the_buffer_evicting_the_oldest_and_survives_a_restore(
   assert sorted(e.reward for e in lowest.entries()) == [1.0, 2.0, 5.0]
 
 
-def test_states_saved_before_temperature_last_version_group_and_the_cap_existed_still_load():
+def test_states_saved_before_temperature_last_version_windows_and_the_cap_existed_still_load():
   buf = ReplayBuffer(max_entries=8)
-  buf.add_many([make_entry(0, [10, 2], 1.0, version=3, temperature=0.6, last_version=5,
-                           group=2),
-                make_entry(1, [11, 2], 2.0, group=3)])
+  buf.add_many([make_entry(0, [10, 2], 1.0, version=3, temperature=0.6, last_version=5),
+                make_entry(1, [11, 2], 2.0)])
+  buf.mark_sync()
+  buf.add(make_entry(0, [12, 2], 1.0))
+  buf.mark_sync()
   state = buf.state_dict()
   names = [n for n in rb._STATE_ARRAYS]
-  keep = [i for i, n in enumerate(names) if n not in ("temperature", "last_version", "group")]
-  old = {k: v for k, v in state.items()
-         if k not in ("temperature", "last_version", "group", "max_entries")}
+  old_fields = ("temperature", "last_version", "windows")
+  keep = [i for i, n in enumerate(names) if n not in old_fields]
+  old = {k: v for k, v in state.items() if k not in old_fields + ("max_entries",)}
   old["sizes"] = state["sizes"][keep]
   restored = ReplayBuffer(max_entries=8)
   restored.load_state_dict(old)
-  assert [e.reward for e in restored.entries()] == [1.0, 2.0]
-  assert [e.temperature for e in restored.entries()] == [1.0, 1.0]  # the default
-  assert [e.last_version for e in restored.entries()] == [3, 0]  # = version
-  assert [e.group for e in restored.entries()] == [-1, -1]  # not recorded: by version
+  assert [e.reward for e in restored.entries()] == [1.0, 2.0, 1.0]
+  assert [e.temperature for e in restored.entries()] == [1.0, 1.0, 1.0]  # the default
+  assert [e.last_version for e in restored.entries()] == [3, 0, 0]  # = version
   assert restored.max_entries == 8
+  # Without its windows the old state is one window: the m branch draws prompt 0's two
+  # entries (the current state: only its newest window's one).
+  for b, want in ((buf, [12]), (restored, [10, 12])):
+    batch, _ = b.sample(1, len(want), 1.0, rng=np.random.default_rng(0), **SIZES)
+    assert sorted(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == want
 
 
 def _levenshtein(a, b):

@@ -57,10 +57,6 @@ def test_the_reward_stage_scores_each_batch_once_with_all_its_rows(tiny_cfg):
     assert batch.texts[r] == " ".join(map(str, e.completion))
     assert bool(batch.ended_with_eos[r]) == e.ended_with_eos == (e.completion[-1] == 3)
     assert e.reward == pytest.approx(r / 10) and e.version == 3
-  # Search groups: batch b's prompt j is group b * P + j (one group per prompt and batch).
-  assert [e.group for e in entries] == [0, 0, 0, 1, 1, 1]
-  searcher.search_once()
-  assert [e.group for e in searcher.buffer.drain_new()] == [2, 2, 2, 3, 3, 3]
 
 
 def test_a_reward_stage_returning_the_wrong_shape_is_named(tiny_cfg):

@@ -82,7 +82,6 @@ def test_entries_equal_the_static_searchers_when_weights_do_not_change(tiny_cfg)
       assert (a.reward, a.ended_with_eos, a.temperature) == (b.reward, b.ended_with_eos,
                                                               b.temperature)
       assert (b.version, b.last_version, b.searcher_id) == (3, 3, 0)
-      assert a.group == b.group  # batch 0's prompt j is group j, as the stream's j-th
       np.testing.assert_allclose(a.ref_logprobs, b.ref_logprobs, atol=1e-5)
       np.testing.assert_allclose(a.behaviour_logprobs, b.behaviour_logprobs, atol=1e-5)
 
@@ -111,30 +110,24 @@ def test_rows_in_flight_take_new_weights_and_record_both_versions(tiny_cfg):
   assert spans <= {(3, 3), (3, 4), (4, 4)}
 
 
-def test_a_streamed_group_spanning_two_versions_stays_one_group_for_the_m_branch(tiny_cfg):
-  """A prompt's S rows placed before and after a weight swap start under two versions; they
-  are one search group (Entry.group), and the buffer's m branch draws all S of them
-  without replacement (it used to keep the newest version's rows and fill K with
-  repeats). 3 samples per prompt in 4 slots: the second group's first row is placed with
-  the first group, its other two after the swap."""
+def test_a_streamed_group_spanning_two_versions_is_one_generation_for_the_m_branch(tiny_cfg):
+  """A prompt's S rows placed before and after a weight swap start under two versions; the
+  buffer's m branch draws all S of them, without replacement (it used to keep the newest
+  version's rows and fill K with repeats). 3 samples per prompt in 4 slots: the second
+  prompt's first row is placed with the first prompt's, its other two after the swap."""
   entries = _version_run(tiny_cfg, in_flight_updates=True, num_samples=3)
-  groups = {}
-  for e in entries:
-    groups.setdefault(e.group, []).append(e)
-  assert all(len(g) == 3 and len({e.prompt_id for e in g}) == 1 for g in groups.values())
-  assert sorted(groups) == list(range(len(groups)))  # numbered in taking order
-  split = [g for g, es in groups.items() if len({e.version for e in es}) == 2]
-  assert split, "no group started under two versions"
+  groups = _groups(entries, 3)
+  split = [pid for pid, es in groups.items() if len({e.version for e in es}) == 2]
+  assert split, "no prompt's rows started under two versions"
   buf = ReplayBuffer(dedup=False)
-  buf.add_many(e for e in entries if e.group <= split[0])  # that group is its prompt's newest
+  buf.add_many(entries)  # one merge: one sync window
   buf.mark_sync()
-  pid = groups[split[0]][0].prompt_id
-  while True:
-    batch, info = buf.sample(1, 3, 1.0, max_prompt_len=4, max_completion_len=6, pad_id=0)
-    if info["prompt_ids"][0] == pid:
-      break
-  assert info["from_latest"][0] and not info["with_replacement"][0]
-  assert sorted(batch.versions.tolist()) == sorted(e.version for e in groups[split[0]])
+  batch, info = buf.sample(len(groups), 3, 1.0, max_prompt_len=4, max_completion_len=6,
+                           pad_id=0)
+  assert info["from_latest"].all() and not info["with_replacement"].any()
+  slot = list(info["prompt_ids"]).index(split[0])
+  assert sorted(batch.versions[3 * slot:3 * slot + 3].tolist()) == \
+      sorted(e.version for e in groups[split[0]])
 
 
 def test_without_in_flight_updates_every_entry_has_one_version(tiny_cfg):
