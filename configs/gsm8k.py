@@ -75,7 +75,7 @@ variant has not been measured yet):
   m branch prompts          latest sync's, without      same, reused when used   buffer_utils.py L142-150
                             replacement, then reused    up
   m branch entries          K uniform from the newest   same (n_online newest)   buffer_utils.py L76-83
-                            search group (its S)
+                            generation (latest merge)
   other slots               any prompt, K uniform       same (inv_temp 0)        buffer_utils.py L74-75, trainer L158
   evaluation                greedy, 512, 1319 problems, same, at the end         trainer L353-383, L397
                             before and after

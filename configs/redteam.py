@@ -67,7 +67,7 @@ Settings (gpt2; llama differs where noted):
   batch            128 attacks = 1 slot x 128 (one prompt: log Z is one group), m 0.5,
                    k 10, 5000 steps (TBA B.3)
   m rule           with probability m the batch is 128 attacks of the newest generation
-                   (the newest policy version's); else 128 drawn without replacement by
+                   (those merged at the latest sync, whatever versions sampled them); else 128 drawn without replacement by
                    softmax(c) over the whole buffer (buffer.priority "reward", Lee's
                    default c_reward; "log_target" = lm + c / beta is Lee's "reward").
                    UNSURE for TBA (per batch here; Lee draws per micro-batch of 16)

@@ -114,26 +114,15 @@ def test_attacks_are_5_to_21_tokens_with_their_eos_end_to_end():
   stage: every attack has 5 to 21 tokens, EOS included and last (the rule that replaces
   Lee et al.'s lm = -500 below 5 tokens). An attacker that wants EOS at once stops at 5;
   a random one mostly runs to the forced EOS at 21."""
-  from conftest import favouring
+  from conftest import eos_searcher
   from tba_jax.replay_buffer import ReplayBuffer
   gpt2 = redteam_config.get_config("gpt2").sampler
   c = redteam_config.get_config(
       f"tiny,model.lora.rank=0,sampler.min_new_tokens={gpt2.min_new_tokens},"
       f"sampler.max_new_tokens={gpt2.max_new_tokens},sampler.num_samples_per_prompt=8")
   assert c.sampler.end_with_eos and gpt2.end_with_eos
-  tok = config_builders.load_tokenizer(c.model)
-  task = config_builders.build_task(c.task, tok)
-  devices = jax.local_devices()
-  cfg, params, _ = config_builders.load_policy(
-      c.model, tok, "float32", sharding.make_mesh("trainer", devices[:1]), c.seed)
-  mesh = sharding.make_mesh("searcher", devices[1:2])
-  publish = lambda p, i: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
+  pool, params, tok = eos_searcher(c)
   eos = tok.eos_ids[0]
-  pool = config_builders.searcher_pool(
-      c.sampler, task, tok, cfg, [mesh], publish=publish, params=favouring(cfg, params, eos),
-      reference=None, max_prompt_len=c.task.max_prompt_len, seed=0, max_restarts=0,
-      prompt_tokens=config_builders.encode_prompts(task.train, task, tok, c.task.max_prompt_len),
-      fault_cfg=c.fault)
   for version, shortest in ((0, True), (1, False)):
     if version:
       pool.publish(version, params)  # the random attacker itself

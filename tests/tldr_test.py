@@ -147,23 +147,12 @@ def test_an_eos_sampled_as_the_last_allowed_token_ends_the_summary_with_no_penal
   """EOS in the 12th and last column (masked before it) is an ended completion of 12
   tokens, scored by the reward model; only a summary cut off without EOS gets -1. The tiny
   recipe's searchers, policy and reward model (random)."""
-  from conftest import favouring
+  from conftest import eos_searcher
   from configs import tldr as tldr_config
-  from tba_jax import weight_sync
   from tba_jax.replay_buffer import ReplayBuffer
   c = tldr_config.get_config("tiny,sampler.min_new_tokens=11")  # max_new_tokens 12
-  tok = config_builders.load_tokenizer(c.model)
-  task = config_builders.build_task(c.task, tok)
-  devices = jax.local_devices()
-  cfg, params, _ = config_builders.load_policy(
-      c.model, tok, "float32", sharding.make_mesh("trainer", devices[:1]), c.seed)
-  mesh = sharding.make_mesh("searcher", devices[1:2])
-  publish = lambda p, i: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
-  pool = config_builders.searcher_pool(
-      c.sampler, task, tok, cfg, [mesh], publish=publish, params=favouring(cfg, params, EOS),
-      reference=None, max_prompt_len=c.task.max_prompt_len, seed=0, max_restarts=0,
-      prompt_tokens=config_builders.encode_prompts(task.train, task, tok, c.task.max_prompt_len),
-      fault_cfg=c.fault)
+  pool, params, tok = eos_searcher(c)
+  assert tok.eos_ids[0] == EOS
   seen = {True: [], False: []}
   for version, policy in enumerate((None, params, params)):
     if policy is not None:
