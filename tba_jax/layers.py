@@ -27,7 +27,8 @@ ACTIVATION_FNS = {
 class Dropout:
   """Training-time dropout (torch's nn.Dropout): each unit zeroed with probability `rate`,
   the others scaled by 1 / (1 - rate). Masks come from `key` folded with a site number,
-  so every place a forward drops units (and every layer: `layer`) draws its own."""
+  so every place a forward drops units draws its own (and each layer its own key:
+  `layer_keys`)."""
   key: jax.Array  # a typed PRNG key
   rate: float = dataclasses.field(metadata=dict(static=True))
 
