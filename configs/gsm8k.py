@@ -75,7 +75,7 @@ variant has not been measured yet):
   m branch prompts          latest sync's, without      same, reused when used   buffer_utils.py L142-150
                             replacement, then reused    up
   m branch entries          K uniform from the newest   same (n_online newest)   buffer_utils.py L76-83
-                            generation
+                            generation (latest merge)
   other slots               any prompt, K uniform       same (inv_temp 0)        buffer_utils.py L74-75, trainer L158
   evaluation                greedy, 512, 1319 problems, same, at the end         trainer L353-383, L397
                             before and after
@@ -95,7 +95,15 @@ variant has not been measured yet):
   - Fewer than K unique entries: they draw all K with replacement; we take every
     unique entry once and only the shortfall with replacement.
   - Micro-batches: their 7 one-prompt micro-batches accumulate bfloat16
-    gradients; we take the mean gradient of the batch in one pass.
+    gradients; we take the mean gradient of the batch in one pass. Either way
+    log Z is estimated per slot: a prompt drawn into two slots is two groups of
+    K (theirs: two micro-batches), and optim.num_microbatches must divide
+    buffer.num_prompts (a micro-batch holds whole slots), so the update does
+    not depend on it.
+  - loss.ratio_clip (off here) weights each sequence's squared residual by its
+    clipped sequence-level importance ratio; the paper's TBA-prime instead puts
+    a per-token ratio in its loss (its code is not released), so ratio_clip is
+    not TBA-prime's objective.
 
   qwen    Qwen2.5-0.5B-Instruct (or 1.5B: --config.model.path=Qwen/Qwen2.5-1.5B-Instruct)
           on GSM8K with the chat template, for one accelerator (Colab): the two
@@ -105,9 +113,9 @@ variant has not been measured yet):
           16 GB accelerator (Colab's T4 / L4, a TPU v5e-1): the base is held once in
           bfloat16 and shared by both roles, only the adapters (18M parameters) and
           their AdamW moments are trained, a sync moves only the adapters, the
-          reference is the base with the adapters off. Micro-batches of 4 rows and
-          remat keep the trainer's activations small (memory per device:
-          python -m benchmarks.memory, docs/experiments/gsm8k.md). notebooks/colab.ipynb runs it.
+          reference is the base with the adapters off. Micro-batches of one prompt
+          group (8 rows) and remat keep the trainer's activations small (memory per
+          device: python -m benchmarks.memory, docs/experiments/gsm8k.md). notebooks/colab.ipynb runs it.
             python -m experiments.gsm8k --config configs/gsm8k.py:qwen_lora --workdir DIR
           Not measured here yet (no accelerator was lent to this work).
 
@@ -138,6 +146,8 @@ def _base() -> ml_collections.ConfigDict:
           vocab_size=261, dim=64, mlp_dim=128, num_layers=2, num_heads=4, num_kv_heads=2,
           head_dim=16),
       remat=False,        # activation checkpointing in the training forward
+      dropout=0.0,        # > 0: GPT-2's embedding, attention and residual dropout at this
+                          # rate in the trainer's forward (searchers sample without it)
       lora=dict(          # low-rank adapters (tba_jax/lora.py); the base stays frozen
           rank=0,         # adapter rank R (0 = full fine-tuning, no adapters)
           alpha=32.0,     # the adapters' update x A B is scaled by alpha / rank (PEFT's)
@@ -349,8 +359,9 @@ def _qwen_lora(c):
   c.sampler.update(num_samples_per_prompt=8, num_prompts_per_batch=4)
   c.buffer.update(num_prompts=4, samples_per_prompt=8, prefill=64)
   # LoRA's usual step: 10x full fine-tuning's at alpha / rank = 2 (PEFT's examples use 1e-4
-  # to 2e-4); one micro-batch of 4 rows holds [4, 512, 152k] float32 completion logits.
-  c.optim.update(learning_rate=1e-4, num_microbatches=8)
+  # to 2e-4); one micro-batch per prompt group (8 rows, the fewest that keep a group whole)
+  # holds [8, 512, 152k] float32 completion logits.
+  c.optim.update(learning_rate=1e-4, num_microbatches=4)
   c.eval.update(every=50, num_problems=256, batch_size=32)
   c.checkpoint.update(every=50)
 

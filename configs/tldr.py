@@ -90,7 +90,15 @@ Variants (tldr_spec.md; where no measured result is given, none has been measure
   any-prompt slots draw prompts uniformly rather than cycling through all seen prompts
   without replacement; evaluation inside the run (same pipeline) rather than on saved
   checkpoints afterwards; the logged KL leaves out their batches' padding positions
-  (tasks/tldr.py).
+  (tasks/tldr.py). In the evaluation also:
+  - the validation split through the training prompts' filter (queries of at most
+    512 tokens; how many of the real split's are longer is not counted here), where
+    their generate_for_eval.py L48 takes dataset["query"] unfiltered;
+  - generation in float32, where theirs runs vLLM with dtype "auto" (L40, L100-104),
+    which is float16 for these float32 checkpoints;
+  - a text without "TL;DR:" gets KL 0 here; their src/kl.py L89-101 masks all its
+    labels, so its kl_mean is 0 / 0 = NaN and the logged mean KL (load_and_eval.py
+    L90, L106) is NaN.
 """
 import os
 

@@ -39,9 +39,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 @dataclasses.dataclass(frozen=True)
 class Policy:
   """The evaluated policy as a task's metrics see it (params on the evaluation devices)."""
-  model_config: Any  # model.ModelConfig of the policy (and of its reference)
+  model_config: Any  # model.ModelConfig of the policy
   params: Any
   reference: Any = None  # the run's reference policy's params (None: not given)
+  # The reference's ModelConfig (None: model_config's). A LoRA policy's config carries its
+  # adapters; its reference is the base model, adapters off.
+  reference_config: Any = None
+
+  def __post_init__(self):
+    if self.reference_config is None:
+      object.__setattr__(self, "reference_config", self.model_config)
 
 
 # A task's own evaluation metrics (Task.evaluation, built on the evaluation devices like a
@@ -108,13 +115,14 @@ class Evaluator:
       out[prefix + name] = (value.mean() if value.ndim else float(value)) * num_problems
     return out
 
-  def __call__(self, params, key, reference=None) -> dict[str, float]:
+  def __call__(self, params, key, reference=None, reference_config=None) -> dict[str, float]:
     """Metrics under "eval/..." keys, averaged over the problems of every process.
 
-    `reference`: the run's reference policy's params, for the task's metrics (Policy).
+    `reference`: the run's reference policy's params, of `reference_config` (None: the
+    policy's config), for the task's metrics (Policy).
     """
     indices = list(range(jax.process_index(), len(self.problems), jax.process_count()))
-    policy = Policy(self.model_config, params, reference)
+    policy = Policy(self.model_config, params, reference, reference_config)
     sampled = self.sampled is not None and self.num_samples > 0
     both = self.greedy is not None and sampled  # the task's metrics then name their pass
     sums = {}

@@ -1,11 +1,12 @@
 """Building blocks shared by the decoder (model.py) and the encoder (encoder.py):
 parameter init, RMSNorm / LayerNorm, activations, rotary embeddings (HF
-rotate-half convention), the fused projection and mean pooling.
+rotate-half convention), the fused projection, mean pooling and dropout.
 
 Axis legend as in model.py: B batch, T length, N heads, H head dim, D model dim.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -19,6 +20,34 @@ ACTIVATION_FNS = {
     "gelu": functools.partial(jax.nn.gelu, approximate=False),  # erf (HF "gelu")
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),  # HF "gelu_new"
 }
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Dropout:
+  """Training-time dropout (torch's nn.Dropout): each unit zeroed with probability `rate`,
+  the others scaled by 1 / (1 - rate). Masks come from `key` folded with a site number,
+  so every place a forward drops units draws its own (and each layer its own key:
+  `layer_keys`)."""
+  key: jax.Array  # a typed PRNG key
+  rate: float = dataclasses.field(metadata=dict(static=True))
+
+  def __call__(self, x: jax.Array, site: int) -> jax.Array:
+    keep = jax.random.bernoulli(jax.random.fold_in(self.key, site), 1.0 - self.rate, x.shape)
+    return jnp.where(keep, x / (1.0 - self.rate), 0.0).astype(x.dtype)
+
+  def layer_keys(self, num_layers: int) -> jax.Array:
+    """[L] keys, one per layer, none of them a site's (scanned with the layers)."""
+    return jax.random.split(jax.random.fold_in(self.key, 2**31 - 1), num_layers)
+
+  def at(self, key: jax.Array) -> Dropout:
+    """The same rate with another key (a layer's, from layer_keys)."""
+    return Dropout(key, self.rate)
+
+
+def dropped(x: jax.Array, dropout: Dropout | None, site: int) -> jax.Array:
+  """x through `dropout` at `site`; x itself without dropout (no operation added)."""
+  return x if dropout is None else dropout(x, site)
 
 
 def param(rngs: nnx.Rngs, shape, dtype, fan_in: int | None = None, value: float | None = None):

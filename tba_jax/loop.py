@@ -134,7 +134,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       model_cfg, optimizer, build.loss_fn(c.loss), beta, trainer_mesh,
       temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
       num_microbatches=o.num_microbatches, remat=c.model.remat, lr_schedule=lr,
-      ref_weight_schedule=build.ref_weight_schedule(c.loss), learned_log_z=log_z)
+      ref_weight_schedule=build.ref_weight_schedule(c.loss), learned_log_z=log_z,
+      dropout=c.model.dropout, dropout_seed=c.seed)
   # LoRA: every update also reads the frozen base (never donated, never rebound).
   update = (lambda state, batch: train(state, batch, base)) if base else train
   batch_sharding = train_step.batch_shardings(trainer_mesh)
@@ -159,13 +160,15 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   def evaluate(params, step, wall_time=None):
     """Evaluates `params`, writes the scores and the evaluation's time; returns the scores."""
     start = time.perf_counter()
-    reference = None
+    reference = reference_config = None
     if task.evaluation is not None:  # a task's metrics may read the reference searcher 0 uses
       sr = pool.searchers[0]
+      reference_config = sr.ref_model_config  # with LoRA the base's, not the policy's
       reference = sr.ref_params if eval_index == 0 else jax.device_put(
-          sr.ref_params, sharding.param_shardings(sr.ref_model_config, "searcher", eval_mesh))
+          sr.ref_params, sharding.param_shardings(reference_config, "searcher", eval_mesh))
     scores = evaluator(publish(params, eval_index),
-                       jax.random.fold_in(jax.random.key(c.seed + 1), step), reference=reference)
+                       jax.random.fold_in(jax.random.key(c.seed + 1), step), reference=reference,
+                       reference_config=reference_config)
     metrics_writer.write(step, {**scores, "eval_seconds": time.perf_counter() - start},
                          wall_time=wall_time)
     return scores
@@ -327,10 +330,13 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       if done == b.freeze_step:  # the cap is saved with the buffer, so a resume keeps it
         global_buffer.freeze_size()
       row = {k: float(v) for k, v in m.items()}
+      fl = info["from_latest"]  # the m branch's slots; some drawn with replacement?
       row.update(step_seconds=dt, tokens_per_second=m["num_tokens"] / dt,
                  staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
                  staleness_hist=np.bincount(np.minimum(staleness, 16)).tolist(),
                  fraction_from_latest=info["num_from_latest"] / b.num_prompts,
+                 m_draws_with_replacement=float(info["with_replacement"][fl].mean())
+                 if fl.any() else 0.0,
                  trainer_idle_fraction=clock.waiting / max(clock.waiting + clock.busy, 1e-9),
                  sync_seconds=clock.sync, buffer_entries=len(global_buffer),
                  buffer_prompts=global_buffer.stats()["num_prompts"],

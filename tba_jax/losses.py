@@ -1,9 +1,11 @@
 """Objectives: sequence log-probs, the VarGrad trajectory-balance loss, baselines.
 
 Pure functions of arrays (no config objects), jit-safe with static shapes.
-Inputs are flat over the N = P prompts x R samples of a batch; which prompt a
-sequence belongs to is given by `group_ids` (any integers, any order, groups of
-any size >= 1), never by a reshape to [P, R], so every layout is handled.
+Inputs are flat over the N = P prompts x R samples of a batch; which group (the
+samples of one prompt whose log Z or baseline is shared: in the runtime, a batch
+slot, tba_jax/batch.py) a sequence belongs to is given by `group_ids` (any
+integers, any order, groups of any size >= 1), never by a reshape to [P, R], so
+every layout is handled.
 
 Trajectory balance (tba_spec.md section 2), per prompt x with completions y_j:
 
@@ -96,7 +98,7 @@ def completion_mask(lengths: Array, ended: Array, num_columns: int,
 
 
 # ---------------------------------------------------------------------------
-# Grouping by prompt id.
+# Grouping by group id.
 # ---------------------------------------------------------------------------
 def group_index(group_ids: Array) -> Array:
   """[N] int32 in [0, N): the row of each sequence's first group member.

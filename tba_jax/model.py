@@ -12,7 +12,10 @@ parallel residual (GPT-NeoX), tied or untied output embedding, and Gemma 3's /
 Qwen3's additions: a per-head norm on q and k, norms on the attention and MLP
 outputs, a scaled embedding, Gemma's (1 + w) RMSNorm, an attention scale, a logit
 softcap and sliding-window layers (their mask and rope base chosen per layer inside
-the layer scan, so the stacked layers stay one compiled body). With
+the layer scan, so the stacked layers stay one compiled body). With a
+`Dropout` (the training forward only; model.dropout), GPT-2's three dropouts on
+every architecture: the embeddings' output, the attention probabilities, and
+each attention and MLP output before its residual add. With
 `cfg.lora`, the targeted projections also carry low-rank adapters (nnx.LoRA,
 their leaves `.../q_lora/lora_a` and `lora_b`): x W + (alpha / rank) x A B, the
 update computed beside the frozen projection rather than merged into it, so the
@@ -50,8 +53,8 @@ import numpy as np
 from flax import nnx
 
 from tba_jax import encoder as encoder_lib
-from tba_jax.layers import (ACTIVATION_FNS, Norm, apply_rope, mean_pool_normalized, param, project,
-                            rope_inv_freq)
+from tba_jax.layers import (ACTIVATION_FNS, Dropout, Norm, apply_rope, dropped,
+                            mean_pool_normalized, param, project, rope_inv_freq)
 from tba_jax.model_config import EncoderConfig, LoRAConfig, ModelConfig, RopeScaling  # noqa: F401 (re-exported)
 
 Params = dict[str, Any]
@@ -116,10 +119,11 @@ class Attention(nnx.Module):
     self.cfg = cfg
     _add_adapters(self, cfg, "attn", rngs)
 
-  def __call__(self, x, positions, mask, kv, index, inv_freq):
+  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None):
     """x [B,T,D]; mask [B,T,S]; kv = None, or (k, v, layer): the stacked cache
     buffers [L,B,K,S,H] and this layer's index into them; inv_freq: this layer's
-    rotary frequencies (None: no rope)."""
+    rotary frequencies (None: no rope); `dropout` on the attention probabilities
+    (site 0)."""
     q, k, v = project(x, self.q[...], self.k[...], self.v[...])  # [B,T,N,H], [B,T,K,H] x 2
     q, k, v = _adapted(self, "attn", x, q=q, k=k, v=v)
     if self.cfg.qkv_bias:
@@ -137,7 +141,11 @@ class Attention(nnx.Module):
       k_all, k = _cache_write_read(k_all, layer, index, k, mask.shape[-1])
       v_all, v = _cache_write_read(v_all, layer, index, v, mask.shape[-1])
       kv = (k_all, v_all, layer)
-      out = _cached_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask, self.cfg.attn_scale)
+      out = _cached_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask, self.cfg.attn_scale,
+                              dropout)
+    elif dropout is not None:  # the fused kernel cannot drop probabilities: the same math
+      out = _cached_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask, self.cfg.attn_scale,
+                              dropout)
     else:
       # XLA's reference attention on CPU (exact); cuDNN/TPU kernels elsewhere.
       out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=self.cfg.attn_scale)
@@ -173,10 +181,10 @@ def _row_slots(index, b: int, t: int):
   return jnp.arange(b)[:, None], index[:, None] + jnp.arange(t)
 
 
-def _cached_attention(q, k, v, mask, scale=None):
+def _cached_attention(q, k, v, mask, scale=None, dropout=None):
   """jax.nn.dot_product_attention's math (float32 softmax, same mask fill) over
   cache slots: q [B,T,N,H], k/v [B,K,S,H], mask [B,T,S] -> [B,T,N,H]; logits
-  times `scale` (None: H ** -0.5).
+  times `scale` (None: H ** -0.5); `dropout` on the probabilities (site 0).
 
   Used for cached (sampling) calls. The cache is stored kv-head-major so both
   einsums are batched over (B, K) with those axes leading in every operand:
@@ -187,7 +195,7 @@ def _cached_attention(q, k, v, mask, scale=None):
   logits = jnp.einsum("BTKGH,BKSH->BKGTS", q, k, preferred_element_type=jnp.float32)
   logits = logits * (h ** -0.5 if scale is None else scale)
   logits = jnp.where(mask[:, None, None], logits, -0.7 * jnp.finfo(jnp.float32).max)
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  probs = dropped(jax.nn.softmax(logits, axis=-1), dropout, 0).astype(v.dtype)
   out = jnp.einsum("BKGTS,BKSH->BKGTH", probs, v)
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
@@ -235,15 +243,16 @@ class Block(nnx.Module):
       self.attn_post_norm, self.mlp_post_norm = _norm(cfg, rngs), _norm(cfg, rngs)
     self.parallel, self.post_norms = cfg.parallel_residual, cfg.post_norms
 
-  def __call__(self, x, positions, mask, kv, index, inv_freq):
-    h, kv = self.attn(self.attn_norm(x), positions, mask, kv, index, inv_freq)
+  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None):
+    h, kv = self.attn(self.attn_norm(x), positions, mask, kv, index, inv_freq, dropout)
     if self.post_norms:
       h = self.attn_post_norm(h)
+    h = dropped(h, dropout, 1)  # GPT-2's resid_pdrop, after each output projection
     if self.parallel:  # both branches read the block's input (GPT-NeoX)
-      return x + h + self.mlp(self.mlp_norm(x)), kv
+      return x + h + dropped(self.mlp(self.mlp_norm(x)), dropout, 2), kv
     x = x + h
     h = self.mlp(self.mlp_norm(x))
-    return x + (self.mlp_post_norm(h) if self.post_norms else h), kv
+    return x + dropped(self.mlp_post_norm(h) if self.post_norms else h, dropout, 2), kv
 
 
 class Transformer(nnx.Module):
@@ -267,11 +276,12 @@ class Transformer(nnx.Module):
       self.lm_head = param(rngs, (cfg.dim, cfg.vocab_size), cfg.jnp_dtype, fan_in=cfg.dim)
 
   def __call__(self, tokens, positions, token_mask, cache: KVCache | None = None,
-               remat: bool = False):
+               remat: bool = False, dropout: Dropout | None = None):
     """Hidden states [B,T,D] after the final norm, and the updated cache.
 
     tokens, positions [B,T] int; token_mask [B,T] (1 = real token). With a cache,
-    the T tokens occupy slots [cache.index, cache.index + T).
+    the T tokens occupy slots [cache.index, cache.index + T). `dropout`: the
+    module docstring's (None: none, and no operation added).
     """
     t = tokens.shape[1]
     if cache is None:
@@ -292,16 +302,17 @@ class Transformer(nnx.Module):
       x = x * np.float32(math.sqrt(cfg.dim)).astype(x.dtype)
     if cfg.position_embedding == "learned":
       x = x + self.pos_embed[...][positions]
+    x = dropped(x, dropout, 0)  # GPT-2's embd_pdrop
     inv_freq = rope_inv_freq(cfg) if cfg.position_embedding == "rope" else None
 
-    def layer(carry, block, *per_layer):
+    def layer(carry, block, key, *per_layer):  # key: this layer's dropout key, or None
       x, kv = carry
       m, f = mask, inv_freq
       if per_layer:  # this layer's mask and rope (sliding / global)
         [per] = per_layer
         m = jnp.where(per["sliding"], mask & (k_slot > q_slot - cfg.sliding_window), mask)
         f = None if inv_freq is None else per["inv_freq"]
-      x, kv = block(x, positions, m, kv, index, f)
+      x, kv = block(x, positions, m, kv, index, f, None if key is None else dropout.at(key))
       if kv is not None:
         kv = (kv[0], kv[1], kv[2] + 1)  # the next layer's index
       return x, kv
@@ -309,9 +320,10 @@ class Transformer(nnx.Module):
     if remat:
       layer = nnx.remat(layer)
     kv = None if cache is None else (cache.k, cache.v, jnp.zeros((), jnp.int32))
-    xs, in_axes = (self.layers,), (nnx.Carry, 0)
+    keys = None if dropout is None else dropout.layer_keys(cfg.num_layers)
+    xs, in_axes = (self.layers, keys), (nnx.Carry, 0, 0)
     if cfg.sliding_layers:
-      xs, in_axes = (self.layers, _per_layer_attention(cfg)), (nnx.Carry, 0, 0)
+      xs, in_axes = (*xs, _per_layer_attention(cfg)), (*in_axes, 0)
     x, kv = nnx.scan(layer, in_axes=in_axes, out_axes=nnx.Carry)((x, kv), *xs)
     if cache is not None:
       cache = dataclasses.replace(cache, k=kv[0], v=kv[1], mask=kv_mask, index=index + t)
@@ -429,9 +441,9 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
 
 
 def forward(cfg: ModelConfig, params: Params, tokens, positions, token_mask,
-            cache: KVCache | None = None, remat: bool = False):
+            cache: KVCache | None = None, remat: bool = False, dropout: Dropout | None = None):
   """(hidden [B,T,D], cache) — the shared training/decoding forward."""
-  return bind(cfg, params)(tokens, positions, token_mask, cache, remat)
+  return bind(cfg, params)(tokens, positions, token_mask, cache, remat, dropout)
 
 
 def unembed(cfg: ModelConfig, params: Params, hidden) -> jax.Array:

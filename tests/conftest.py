@@ -59,3 +59,36 @@ def tiny_run(tmp_path_factory):
     return done[experiment]
 
   return run
+
+
+
+def eos_searcher(c):
+  """Config `c`'s searcher pool as the run builds it (one searcher on local device 1),
+  sampling with its random policy made to emit EOS whenever it may (`favouring`); and
+  (pool, the random policy's own params, the tokenizer). pool.publish(1, params) swaps
+  the EOS-favouring weights for the random policy's."""
+  from tba_jax import config_builders, sharding, weight_sync
+  tok = config_builders.load_tokenizer(c.model)
+  task = config_builders.build_task(c.task, tok)
+  devices = jax.local_devices()
+  cfg, params, _ = config_builders.load_policy(
+      c.model, tok, "float32", sharding.make_mesh("trainer", devices[:1]), c.seed)
+  mesh = sharding.make_mesh("searcher", devices[1:2])
+  publish = lambda p, i: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
+  pool = config_builders.searcher_pool(
+      c.sampler, task, tok, cfg, [mesh], publish=publish,
+      params=favouring(cfg, params, tok.eos_ids[0]), reference=None,
+      prompt_tokens=config_builders.encode_prompts(task.train, task, tok, c.task.max_prompt_len),
+      max_prompt_len=c.task.max_prompt_len, seed=0, max_restarts=0, fault_cfg=c.fault)
+  return pool, params, tok
+
+
+def favouring(cfg, params, token: int, margin: float = 50.0):
+  """`params` (a decoder's, host or device arrays) made to emit `token` whenever it may:
+  the final norm outputs the constant b = margin * w / |w|^2, w the token's output row,
+  so its logit is `margin` and the others' are margin * cos * |w_v| / |w| (far below)."""
+  import jax.numpy as jnp
+  out = params["embed"][token] if cfg.tie_embeddings else params["lm_head"][:, token]
+  norm = dict(params["final_norm"], scale=jnp.zeros_like(params["final_norm"]["scale"]),
+              bias=margin * out / jnp.sum(out * out))
+  return dict(params, final_norm=norm)

@@ -117,8 +117,8 @@ def _plain_synchronous_loop(c, task, tokenizer):
     batch = train_step.TrainBatch(
         tokens=tokens, attention_mask=attn, completion_mask=completion_mask,
         ref_logprobs=ref_lp, behaviour_logprobs=out.tempered_logprobs * completion_mask,
-        rewards=rewards, group_ids=np.repeat(np.array(ids, np.int32), k),
-        versions=np.full(n, step, np.int32))
+        rewards=rewards, group_ids=np.repeat(np.arange(len(ids), dtype=np.int32), k),
+        prompt_ids=np.repeat(np.array(ids, np.int32), k), versions=np.full(n, step, np.int32))
     state, _ = update(state, batch)
   return jax.device_get(state.params)
 

@@ -188,17 +188,18 @@ def before_first(ids: Sequence[int], token: int) -> list[int]:
   return ids[:ids.index(token)] if token in ids else ids
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "prefix_len"))
-def _suffix_stats(params, reference, tokens, mask, *, model_config, prefix_len):
+@functools.partial(jax.jit, static_argnames=("model_config", "reference_config", "prefix_len"))
+def _suffix_stats(params, reference, tokens, mask, *, model_config, reference_config, prefix_len):
   """Per row (NLL of the suffix tokens under `reference`, KL(ref || pi) summed over the
-  suffix positions), for rows [prefix (left-padded) | suffix (right-padded)] at prefix_len."""
+  suffix positions), for rows [prefix (left-padded) | suffix (right-padded)] at prefix_len.
+  Each policy runs with its own config (a LoRA policy's reference is the base)."""
   positions = model.positions_from_mask(mask)
 
-  def log_probs(p):  # [B, Tc + 1, V]: the distributions at positions prefix_len - 1 ...
-    hidden, _ = model.forward(model_config, p, tokens, positions, mask)
-    return jax.nn.log_softmax(model.unembed(model_config, p, hidden[:, prefix_len - 1:]), -1)
+  def log_probs(cfg, p):  # [B, Tc + 1, V]: the distributions at positions prefix_len - 1 ...
+    hidden, _ = model.forward(cfg, p, tokens, positions, mask)
+    return jax.nn.log_softmax(model.unembed(cfg, p, hidden[:, prefix_len - 1:]), -1)
 
-  ref, pi = log_probs(reference), log_probs(params)
+  ref, pi = log_probs(reference_config, reference), log_probs(model_config, params)
   suffix, counted = tokens[:, prefix_len:], mask[:, prefix_len:] > 0
   # ref[:, t] predicts suffix token t; ref[:, t + 1] is the distribution AT suffix token t,
   # where the authors' KL counts (their labels mask is not shifted).
@@ -208,10 +209,12 @@ def _suffix_stats(params, reference, tokens, mask, *, model_config, prefix_len):
           jnp.sum(jnp.where(counted, kl, 0.0), axis=1))
 
 
-def suffix_stats(model_config, params, reference, rows: Sequence[tuple[list[int], list[int]]],
-                 mesh, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+def suffix_stats(model_config, params, reference_config, reference,
+                 rows: Sequence[tuple[list[int], list[int]]], mesh,
+                 pad_id: int) -> tuple[np.ndarray, np.ndarray]:
   """(NLL sums [N], KL sums [N]) of the (prefix, suffix) token rows on `mesh` (params and
-  reference already there); one prefix / suffix bucket for all rows, so one compile."""
+  reference already there, each of its config); one prefix / suffix bucket for all rows,
+  so one compile."""
   tp = _bucket(max(len(p) for p, _ in rows), LENGTH_BUCKETS, "TL;DR prefix length")
   tc = _bucket(max(len(s) for _, s in rows), LENGTH_BUCKETS, "TL;DR summary length")
   b = -(-STATS_ROWS // sharding.batch_size_multiple("searcher", mesh)) * \
@@ -224,7 +227,7 @@ def suffix_stats(model_config, params, reference, rows: Sequence[tuple[list[int]
     tokens, mask = batch_lib.token_rows([p for p, _ in chunk], [s for _, s in chunk], tp, tc,
                                         pad_id)
     out = _suffix_stats(params, reference, place(tokens), place(mask), model_config=model_config,
-                        prefix_len=tp)
+                        reference_config=reference_config, prefix_len=tp)
     n = min(b, len(rows) - start)
     nll.append(np.asarray(out[0])[:n])
     kl.append(np.asarray(out[1])[:n])
@@ -273,8 +276,8 @@ class Evaluation:
       reference = np.array([reference_scores[p.id] for p in batch.problems])
       ends = [last_marker_end(s, marker) for s in ids]
       split = [(s[:e], s[e:]) if e is not None else (s, []) for s, e in zip(ids, ends)]
-      nll, kl = suffix_stats(policy.model_config, policy.params, policy.reference, split, mesh,
-                             tok.pad_id)
+      nll, kl = suffix_stats(policy.model_config, policy.params, policy.reference_config,
+                             policy.reference, split, mesh, tok.pad_id)
       counted = np.array([max(len(s), 1) for _, s in split], np.float64)
       total = np.array([len(s) for s in ids], np.float64)
       return {"win_rate": (generated > reference).astype(np.float64),
