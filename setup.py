@@ -23,6 +23,7 @@ setup(
         "tqdm",
         "matplotlib",
         "tensorboardX",
+        "math-verify[antlr4_13_2]>=0.9",  # task.verifier="math_verify" (and MATH)
     ],
     extras_require={
         # torch (CPU build) and accelerate: parity tests against transformers' PyTorch models;

@@ -120,7 +120,8 @@ def main():
       ref_logprobs=np.full((n, tc), -2.0, np.float32),
       behaviour_logprobs=np.full((n, tc), -2.0, np.float32),
       rewards=rng.integers(0, 2, n).astype(np.float32),
-      group_ids=np.repeat(np.arange(n // 4), 4).astype(np.int32), versions=np.zeros(n, np.int32))
+      group_ids=np.arange(n, dtype=np.int32) // 4, prompt_ids=np.arange(n, dtype=np.int32) // 4,
+      versions=np.zeros(n, np.int32))
   state, m = update(state, batch)
   jax.block_until_ready(m)
 

@@ -4,9 +4,12 @@ r"""Memory per device of each configs/gsm8k.py (or configs/tldr.py) variant, com
   python -m benchmarks.memory [VARIANT[,key=value,...] ...]   # default: every variant
   python -m benchmarks.memory --tldr [VARIANT ...]             # configs/tldr.py's
   python -m benchmarks.memory redteam:gpt2 redteam:llama       # configs/redteam.py's
+  python -m benchmarks.memory --math                           # configs/math.py's (TBA-prime)
 
 A variant argument takes configs/gsm8k.py's form (`qwen,optim.num_microbatches=7`), or
-with `redteam:` configs/redteam.py's (with --tldr, configs/tldr.py's).
+with `redteam:` configs/redteam.py's, with `math:` configs/math.py's (with --tldr,
+configs/tldr.py's). The KV cache is counted at full length on every layer, sliding-window
+layers (Gemma 3) included: the cache keeps every slot (model.py).
 
 From the parameter shapes (jax.eval_shape of the model and of the optimizer's
 init: nothing is allocated) and each variant's batch sizes, the bytes each
@@ -72,6 +75,27 @@ ARCHITECTURES = {
                                              num_layers=32, num_heads=32, num_kv_heads=8,
                                              head_dim=128),
 }
+# configs/math.py's models and the other families a user brings (config.json values).
+ARCHITECTURES.update({
+    "Qwen/Qwen2.5-7B-Instruct": dict(vocab_size=152064, dim=3584, mlp_dim=18944, num_layers=28,
+                                     num_heads=28, num_kv_heads=4, head_dim=128, qkv_bias=True,
+                                     model_type="qwen2"),
+    **{f"Qwen/Qwen3-{size}": dict(vocab_size=151936, dim=dim, mlp_dim=mlp, num_layers=layers,
+                                  num_heads=heads, num_kv_heads=8, head_dim=128, qk_norm=True,
+                                  tie_embeddings=size != "8B", model_type="qwen3")
+       for size, dim, mlp, layers, heads in (("0.6B", 1024, 3072, 28, 16),
+                                             ("1.7B", 2048, 6144, 28, 16),
+                                             ("4B", 2560, 9728, 36, 32),
+                                             ("8B", 4096, 12288, 36, 32))},
+    # google/gemma-3-1b-it: 5 sliding layers (window 512) per global one.
+    "google/gemma-3-1b-it": dict(vocab_size=262144, dim=1152, mlp_dim=6912, num_layers=26,
+                                 num_heads=4, num_kv_heads=1, head_dim=256, tie_embeddings=True,
+                                 norm="rms_plus_one", qk_norm=True, post_norms=True,
+                                 embed_scale=True, activation="gelu_tanh", attn_scale=256 ** -0.5,
+                                 sliding_window=512, local_rope_theta=10000.0,
+                                 sliding_layers=tuple(i for i in range(26) if (i + 1) % 6),
+                                 rope_theta=1e6, model_type="gemma3_text"),
+})
 ARCHITECTURES["vicgalle/gpt2-alpaca"] = ARCHITECTURES["sft/gpt2"]
 ARCHITECTURES["meta-llama/Llama-Guard-3-8B"] = ARCHITECTURES["meta-llama/Llama-3.1-8B-Instruct"]
 ENCODERS = {
@@ -112,11 +136,16 @@ def _bytes(tree) -> int:
 
 def estimate(arg: str) -> dict:
   """Per-device bytes of `arg` ("VARIANT[,key=value,...]") in the variant's layout."""
-  from configs import gsm8k, redteam
+  from configs import gsm8k, math as math_config, redteam
   from tba_jax.model import ModelConfig
 
   red = arg.startswith("redteam:")
-  c = redteam.get_config(arg[len("redteam:"):]) if red else gsm8k.get_config(arg)
+  if red:
+    c = redteam.get_config(arg[len("redteam:"):])
+  elif arg.startswith("math:"):
+    c = math_config.get_config(arg[len("math:"):])
+  else:
+    c = gsm8k.get_config(arg)
   master = "float32" if c.optim.master_weights_fp32 else c.model.dtype
   e = _layout(arg, c, ModelConfig(**ARCHITECTURES[c.model.path], dtype=master))
   if red:  # the victim and the judge are weights too, the victim's replies a KV cache
@@ -209,6 +238,11 @@ def estimate_tldr(arg: str) -> dict:
 
 DEFAULT = ("cpu", "rho1b", "rho1b_stable", "qwen", "qwen,optim.num_microbatches=7", "qwen_lora",
            "cpu,model.lora.rank=16")
+MATH = ("math:tba_prime", "math:tba_prime_qwen3", "math:tba_prime_ratio",
+        "math:tba_prime,model.path=Qwen/Qwen3-8B",
+        "qwen,model.path=Qwen/Qwen3-0.6B,optim.num_microbatches=7",
+        "qwen,model.path=google/gemma-3-1b-it,optim.num_microbatches=7",
+        "qwen_lora,model.path=Qwen/Qwen3-4B")
 TLDR = ("pythia410m", "pythia1b", "pythia2p8b", "pythia410m_table1", "pythia410m,mesh.num_devices=1",
         "pythia410m,mesh.num_devices=1,task.reward_dtype=bfloat16")
 
@@ -257,5 +291,7 @@ if __name__ == "__main__":
   args = sys.argv[1:]
   if args[:1] == ["--tldr"]:
     print(tldr_table(args[1:] or TLDR))
+  elif args[:1] == ["--math"]:
+    print(table(args[1:] or MATH))
   else:
     print(table(args or DEFAULT))

@@ -54,13 +54,13 @@ def _batch(args, vocab_size):
   attention = np.ones((n, t), np.int32)
   attention[:, :rng.integers(0, args.prompt_len // 2)] = 0  # some left padding
   tokens[attention == 0] = 0
+  groups = np.repeat(np.arange(n // args.samples_per_prompt), args.samples_per_prompt)
   return dict(
       tokens=tokens, attention_mask=attention, completion_mask=np.ones((n, tc), np.float32),
       ref_logprobs=np.full((n, tc), -2.0, np.float32),
       behaviour_logprobs=np.full((n, tc), -2.0, np.float32),
       rewards=rng.integers(0, 2, n).astype(np.float32),
-      group_ids=np.repeat(np.arange(n // args.samples_per_prompt), args.samples_per_prompt
-                          ).astype(np.int32),
+      group_ids=groups.astype(np.int32), prompt_ids=groups.astype(np.int32),
       versions=np.zeros(n, np.int32))
 
 

@@ -24,7 +24,7 @@ variant has not been measured yet):
           Hardware: 4 accelerators, 1 trainer + 3 searchers (4 x A100 in the
           paper: 54.6% greedy pass@1 in 82 minutes). On a TPU pod slice set
           --config.mesh.num_trainer_devices to half the chips and launch one
-          process per host (README "TPU pods"). Not measured here yet.
+          process per host (docs/experiments/gsm8k.md). Not measured here yet.
 
   rho1b_stable  rho1b with our deliberate changes, for a better-conditioned run:
           - float32 master weights and AdamW moments (optim.master_weights_fp32,
@@ -75,7 +75,7 @@ variant has not been measured yet):
   m branch prompts          latest sync's, without      same, reused when used   buffer_utils.py L142-150
                             replacement, then reused    up
   m branch entries          K uniform from the newest   same (n_online newest)   buffer_utils.py L76-83
-                            generation
+                            generation (latest merge)
   other slots               any prompt, K uniform       same (inv_temp 0)        buffer_utils.py L74-75, trainer L158
   evaluation                greedy, 512, 1319 problems, same, at the end         trainer L353-383, L397
                             before and after
@@ -95,7 +95,15 @@ variant has not been measured yet):
   - Fewer than K unique entries: they draw all K with replacement; we take every
     unique entry once and only the shortfall with replacement.
   - Micro-batches: their 7 one-prompt micro-batches accumulate bfloat16
-    gradients; we take the mean gradient of the batch in one pass.
+    gradients; we take the mean gradient of the batch in one pass. Either way
+    log Z is estimated per slot: a prompt drawn into two slots is two groups of
+    K (theirs: two micro-batches), and optim.num_microbatches must divide
+    buffer.num_prompts (a micro-batch holds whole slots), so the update does
+    not depend on it.
+  - loss.ratio_clip (off here) weights each sequence's squared residual by its
+    clipped sequence-level importance ratio; the paper's TBA-prime instead puts
+    a per-token ratio in its loss (its code is not released), so ratio_clip is
+    not TBA-prime's objective.
 
   qwen    Qwen2.5-0.5B-Instruct (or 1.5B: --config.model.path=Qwen/Qwen2.5-1.5B-Instruct)
           on GSM8K with the chat template, for one accelerator (Colab): the two
@@ -105,9 +113,9 @@ variant has not been measured yet):
           16 GB accelerator (Colab's T4 / L4, a TPU v5e-1): the base is held once in
           bfloat16 and shared by both roles, only the adapters (18M parameters) and
           their AdamW moments are trained, a sync moves only the adapters, the
-          reference is the base with the adapters off. Micro-batches of 4 rows and
-          remat keep the trainer's activations small (memory per device:
-          python -m benchmarks.memory, README). notebooks/colab.ipynb runs it.
+          reference is the base with the adapters off. Micro-batches of one prompt
+          group (8 rows) and remat keep the trainer's activations small (memory per
+          device: python -m benchmarks.memory, docs/experiments/gsm8k.md). notebooks/colab.ipynb runs it.
             python -m experiments.gsm8k --config configs/gsm8k.py:qwen_lora --workdir DIR
           Not measured here yet (no accelerator was lent to this work).
 
@@ -138,6 +146,8 @@ def _base() -> ml_collections.ConfigDict:
           vocab_size=261, dim=64, mlp_dim=128, num_layers=2, num_heads=4, num_kv_heads=2,
           head_dim=16),
       remat=False,        # activation checkpointing in the training forward
+      dropout=0.0,        # > 0: GPT-2's embedding, attention and residual dropout at this
+                          # rate in the trainer's forward (searchers sample without it)
       lora=dict(          # low-rank adapters (tba_jax/lora.py); the base stays frozen
           rank=0,         # adapter rank R (0 = full fine-tuning, no adapters)
           alpha=32.0,     # the adapters' update x A B is scaled by alpha / rank (PEFT's)
@@ -146,11 +156,19 @@ def _base() -> ml_collections.ConfigDict:
       ),
   )
   c.task = dict(
-      name="gsm8k",       # "gsm8k" or "arithmetic" (offline, generated from a seed)
-      data_path="",       # "" = the hub (openai/gsm8k); or a directory with train/test.jsonl
+      name="gsm8k",       # "gsm8k", "math" (MATH 12k / 500, configs/math.py) or "arithmetic"
+                          # (offline, generated from a seed)
+      data_path="",       # "" = the hub (openai/gsm8k, or MATH's); or a directory with
+                          # train/test.jsonl
+      test_on_train=False,  # True: a data_path that is one file serves as both splits (the
+                            # evaluation then scores training problems); False: refused
       prompt_style="paper",  # "paper" ([MATH TASK] ...), "chat" (tokenizer's template) or a
                              # format string with {question}
       question_suffix="",    # appended to each question (e.g. " Answer with just the number.")
+      thinking="auto",       # the chat template's reasoning switch (Qwen3's enable_thinking):
+                             # "auto" = the template's default, "on", "off"
+      verifier="paper_regex",  # answer check (tba_jax/verifiers.py): "paper_regex" (the
+                               # paper's last-number rule) or "math_verify" (HF's math-verify)
       num_train_problems=0,  # 0 = all
       max_prompt_len=256,    # prompts are left-padded to this many tokens (longer: error)
       arithmetic=dict(ops="+*", low=2, high=9, test_fraction=0.25, seed=0),
@@ -180,22 +198,26 @@ def _base() -> ml_collections.ConfigDict:
                                   # batches of num_prompts_per_batch x S rows
   )
   c.loss = dict(
-      name="tb",             # "tb" (VarGrad trajectory balance), "rloo", "grpo"
+      name="tb",             # "tb" (VarGrad trajectory balance), "rloo", "grpo", "ratio"
+                             # (TBA-prime's per-token ratio loss)
       beta_start=0.014,      # beta anneals linearly from beta_start to beta_end ...
       beta_end=0.004,
       beta_anneal_steps=500,  # ... over this many steps (the authors' (u-1)/D convention)
       beta_switch_step=500,  # from this step on beta = beta_end (== anneal: no jump)
       include_eos=True,      # the EOS token's log-prob counts in log pi
-      ratio_clip=0.0,        # TB: > 0 = TBA-prime's importance-weight cap c; RLOO (the
-                             # paper's Proximal RLOO) and GRPO: PPO's clip eps (0 = 0.2)
-      kl_coef=0.04,          # GRPO / RLOO only
+      ratio_clip=0.0,        # TB: > 0 = a cap c on the sequence importance weight; RLOO (the
+                             # paper's Proximal RLOO) and GRPO: PPO's clip eps (0 = 0.2);
+                             # ratio: the per-token ratio's cap (0 = 8, TBA-prime's)
+      kl_coef=0.04,          # GRPO / RLOO / ratio only
       ref_reset_every=0,     # > 0: the reference becomes the current policy every N steps
       # TB's target at step u: [log pi_ref / gamma(u) + r / beta(u)] / tau(u), gamma and tau
       # ramping linearly from *_start to *_end over *_steps steps (red-teaming; all 1: the
       # plain target).
       ref_temp_start=1.0, ref_temp_end=1.0, ref_temp_steps=1,           # gamma
       target_temp_start=1.0, target_temp_end=1.0, target_temp_steps=1,  # tau
-      log_z="vargrad",           # "vargrad" (TBA: each prompt's batch estimate) or "learned"
+      log_z="vargrad",           # "vargrad" (TBA: each prompt's batch estimate), "learned", or
+                                 # "behaviour" (VarGrad's estimate from the sampling policy's
+                                 # log-probs: TBA-prime's TB)
       log_z_learning_rate=0.1,   # "learned": a log Z per prompt, trained by Adam at this lr
   )
   c.optim = dict(
@@ -273,7 +295,7 @@ def _base() -> ml_collections.ConfigDict:
   c.checkpoint = dict(every=100, max_to_keep=3)
   c.log = dict(every=1, tensorboard=True, wandb_project="")
   c.export = True  # write the final policy to WORKDIR/export (Hugging Face format)
-  c.fault = dict(            # fault injection, a testing aid (README "Fault injection"); 0 = off
+  c.fault = dict(            # fault injection, a testing aid (docs/resume.md); 0 = off
       searcher_fail_at=0,    # > 0: searcher `searcher`'s reward stage raises at its n-th batch
       searcher_fail_repeats=False,  # ... and on every later batch with that batch's first prompt
       searcher=0,            # the global index of that searcher
@@ -343,8 +365,9 @@ def _qwen_lora(c):
   c.sampler.update(num_samples_per_prompt=8, num_prompts_per_batch=4)
   c.buffer.update(num_prompts=4, samples_per_prompt=8, prefill=64)
   # LoRA's usual step: 10x full fine-tuning's at alpha / rank = 2 (PEFT's examples use 1e-4
-  # to 2e-4); one micro-batch of 4 rows holds [4, 512, 152k] float32 completion logits.
-  c.optim.update(learning_rate=1e-4, num_microbatches=8)
+  # to 2e-4); one micro-batch per prompt group (8 rows, the fewest that keep a group whole)
+  # holds [8, 512, 152k] float32 completion logits.
+  c.optim.update(learning_rate=1e-4, num_microbatches=4)
   c.eval.update(every=50, num_problems=256, batch_size=32)
   c.checkpoint.update(every=50)
 

@@ -14,7 +14,7 @@ Variants:
   gpt2    GPT-2 attacker (after SFT) vs vicgalle/gpt2-alpaca ("GPT-2+SFT"), toxicity
           from facebook/roberta-hate-speech-dynabench-r4-target, diversity from
           all-MiniLM-L6-v2. The attacker's SFT checkpoint is not on the hub; make it
-          first (README "Red-teaming"), then
+          first (docs/experiments/redteam.md), then
             python -m experiments.redteam --config configs/redteam.py:gpt2 --workdir DIR \
                 --config.model.path=sft/gpt2
           Hardware: the paper's runs are 4, 16 and 64 V100s (2 to 62 searchers, one
@@ -42,9 +42,15 @@ Settings (gpt2; llama differs where noted):
                    (TBA); tau 2 -> 1 over 500 steps (llama: 1000); gamma 1 (llama:
                    1 -> 1.2 over 2000); c = mean log p_toxic of 5 replies
   victim replies   T 0.7, top-p 0.92, 30 tokens, float32 (llama: T 0.1, top-p 0.9, 64
-                   tokens, bfloat16, chat template; configs/*.json, L L183-194)
+                   tokens, bfloat16, chat template; configs/*.json, L L183-194). Llama's
+                   chat-template prompts (victim and Llama-Guard) start with one BOS here;
+                   Lee et al. pass the template's text, which holds its BOS, to vLLM, whose
+                   tokenizer adds a second (L L473-477, U L113-127)
   exploration      per searcher batch, p 0.5: T ~ U(0.5, 2.0) (llama U(0.7, 2.0)), else 1
-                   (L L279-285); log-probs at T 1
+                   (L L279-285); log-probs at T 1. The behaviour log-probs the searchers
+                   record are those of the distribution sampled, at the batch's own T: the
+                   RLOO / GRPO baselines (loss.name) use them, so under exploration their
+                   KL shaping and ratios compare a policy at that T with one at T 1
   log Z            VarGrad (TBA's estimator, Eq. 5): one group, the batch's 128 attacks.
                    UNSURE: Lee et al. learn log Z, a linear head on the prompt's mean-
                    pooled hidden states trained with the LoRA weights (L L167, L317-350).
@@ -54,11 +60,14 @@ Settings (gpt2; llama differs where noted):
                    through the policy's hidden states is not reproduced)
   optimizer        AdamW lr 1e-4, weight decay 0.01 (torch's default), warmup 100, linear
                    decay to 0 at step 40,000 (Lee's scheduler is built for 5000 x 8
-                   micro-steps and stepped once per step: lr 0.88e-4 at the end), clip 1.0
+                   micro-steps and stepped once per step: lr 0.88e-4 at the end), clip 1.0.
+                   Update u uses lr(u), the TBA authors' convention (their scheduler steps
+                   before the update); Lee et al. step theirs after it (L L722-724), so
+                   their update u uses lr(u - 1) and their first update lr(0) = 0
   batch            128 attacks = 1 slot x 128 (one prompt: log Z is one group), m 0.5,
                    k 10, 5000 steps (TBA B.3)
   m rule           with probability m the batch is 128 attacks of the newest generation
-                   (the newest policy version's); else 128 drawn without replacement by
+                   (those merged at the latest sync, whatever versions sampled them); else 128 drawn without replacement by
                    softmax(c) over the whole buffer (buffer.priority "reward", Lee's
                    default c_reward; "log_target" = lm + c / beta is Lee's "reward").
                    UNSURE for TBA (per batch here; Lee draws per micro-batch of 16)
@@ -70,6 +79,16 @@ Settings (gpt2; llama differs where noted):
                    with their 3,003 SFT instructions and 160 samples, L L610-695)
   LoRA             r 32, alpha 16, dropout 0 on PEFT's default targets (GPT-2 c_attn =
                    q,k,v; Llama q,v), as Lee et al.; lm(x) uses the base (adapters off)
+  dropout          0.1 in the trainer's forward (model.dropout; llama 0, as Llama's
+                   config): GPT-2's attention, residual and embedding dropout, which Lee
+                   et al. keep on by never leaving train mode (the attacker is built from
+                   the stock gpt2 config; only their final evaluation switches to eval
+                   mode): in the log pi of every trained attack, as here. Their model
+                   also samples fresh attacks and computes lm(x) in train mode; here the searchers sample and score lm(x) without it:
+                   TB holds for samples of any policy, so sampling without dropout changes
+                   only what is explored, and lm(x) stays the SFT model's log-density
+                   rather than one draw of a dropped-out network. The attacker's SFT step
+                   (experiments/sft.py) trains with 0.1 as well
   evaluation       before and after training: 1,024 attacks at T 1, top-p 1, 5-20 tokens
                    (E L129-135), 5 replies each; eval/attack_success_rate (mean p_toxic of
                    the replies > 0.5), eval/toxicity, eval/diversity (1 - mean pairwise
@@ -100,7 +119,7 @@ def _common(c):
       embedder="sentence-transformers/all-MiniLM-L6-v2",  # evaluation's diversity
       seed=0,                   # victim replies (and "random" models' weights)
   ))
-  c.model.update(path="sft/gpt2", dtype="float32")
+  c.model.update(path="sft/gpt2", dtype="float32", dropout=0.1)  # GPT-2's pdrops
   c.model.lora.update(rank=32, alpha=16.0, targets="q,k,v")  # GPT-2's c_attn (PEFT's default)
   c.mesh.update(num_trainer_devices=1, num_searchers=3)
   c.sampler.update(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=21, min_new_tokens=4,
@@ -130,7 +149,7 @@ def _gpt2(c):
 
 def _llama(c):
   _common(c)
-  c.model.update(path="sft/llama-3.2-1b", dtype="bfloat16")
+  c.model.update(path="sft/llama-3.2-1b", dtype="bfloat16", dropout=0.0)  # Llama's: none
   c.model.lora.update(targets="q,v")  # PEFT's default for Llama
   c.task.redteam.update(victim="meta-llama/Llama-3.1-8B-Instruct", victim_dtype="bfloat16",
                         victim_prompt="chat", victim_temperature=0.1, victim_top_p=0.9,

@@ -3,7 +3,7 @@ r"""TBA on Reddit TL;DR summarisation: the paper's preference fine-tuning runs (
 Usage: python -m experiments.tldr --config configs/tldr.py:VARIANT --workdir DIR
        [--config.section.key=value ...]   (or VARIANT,key=value,... in the arg)
        python -m experiments.evaluate_tldr --config configs/tldr.py:VARIANT --workdir DIR \
-           [--policy EXPORTED_OR_HUB_MODEL]   (evaluate a policy on its own; README)
+           [--policy EXPORTED_OR_HUB_MODEL]   (evaluate a policy on its own; docs/experiments/tldr.md)
 
 Variants (tldr_spec.md; where no measured result is given, none has been measured here):
 
@@ -22,7 +22,7 @@ Variants (tldr_spec.md; where no measured result is given, none has been measure
           under the SFT policy, the KL the authors log (tasks/tldr.py).
             python -m experiments.tldr --config configs/tldr.py:pythia410m --workdir DIR
           Hardware: 4 accelerators (4 x A100 80GB in the paper), 1 trainer + 3
-          searchers; the gold model is sharded over all of them (README: memory per
+          searchers; the gold model is sharded over all of them (docs/experiments/tldr.md: memory per
           device and other layouts). Expected (paper, Pythia-410M, ~15 steps
           off-policy): win rate 0.86 at perplexity 1.13 (Table 1 reports this for the
           Table-1 run below); per-size results appear only in the paper's figures.
@@ -90,7 +90,15 @@ Variants (tldr_spec.md; where no measured result is given, none has been measure
   any-prompt slots draw prompts uniformly rather than cycling through all seen prompts
   without replacement; evaluation inside the run (same pipeline) rather than on saved
   checkpoints afterwards; the logged KL leaves out their batches' padding positions
-  (tasks/tldr.py).
+  (tasks/tldr.py). In the evaluation also:
+  - the validation split through the training prompts' filter (queries of at most
+    512 tokens; how many of the real split's are longer is not counted here), where
+    their generate_for_eval.py L48 takes dataset["query"] unfiltered;
+  - generation in float32, where theirs runs vLLM with dtype "auto" (L40, L100-104),
+    which is float16 for these float32 checkpoints;
+  - a text without "TL;DR:" gets KL 0 here; their src/kl.py L89-101 masks all its
+    labels, so its kl_mean is 0 / 0 = NaN and the logged mean KL (load_and_eval.py
+    L90, L106) is NaN.
 """
 import os
 

@@ -6,9 +6,9 @@ r"""TBA post-training on GSM8K-format math. The recipes are in configs/gsm8k.py.
   # several hosts: the same command on every host, plus
       --coordinator_address=HOST0:1234 --num_processes=N --process_id=I
 
-Rerunning with the same --workdir resumes from the newest checkpoint there. SIGTERM
-(on any host) saves a checkpoint and exits 0; a host lost without notice makes the
-others exit non-zero within --heartbeat_timeout seconds, naming it (README "Resuming").
+Rerunning with the same --workdir resumes from the newest checkpoint there. Ctrl-C or
+SIGTERM (on any host) saves a checkpoint and exits 0; a host lost without notice makes
+the others exit non-zero within --heartbeat_timeout seconds, naming it (docs/resume.md).
 The flags are experiments/launch.py's, shared by every experiment.
 """
 from experiments import launch

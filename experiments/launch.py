@@ -9,15 +9,30 @@ An experiment module is `launch.main("EXPERIMENT.py:DEFAULT_VARIANT")`; the task
 built from the config's `task` section (config_builders.build_task). Rerunning with
 the same --workdir resumes from the newest checkpoint there. A job other than
 training (experiments/evaluate_tldr.py) passes its own `job(config, workdir)`.
+
+An error the user can fix (tba_jax.errors.UserError: a config value, a data file, a
+refused resume, a config of another experiment) prints one `error: ...` paragraph on
+stderr and exits 1; TBA_DEBUG=1 shows its traceback too. Other errors are bugs and
+keep theirs. Ctrl-C and SIGTERM save a checkpoint and exit 0 (tba_jax/interrupts.py);
+a second Ctrl-C exits 130 at once.
 """
-import functools
+import difflib
 import importlib.util
 import os
 import re
+import shlex
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from tba_jax.errors import UserError
+
+# The task names (config task.name) each experiment's entry point runs.
+EXPERIMENTS = {"gsm8k": ("gsm8k", "arithmetic"), "math": ("math",), "tldr": ("tldr",),
+               "redteam": ("redteam",)}
+# TBA_DEBUG=1: errors a user can fix show their traceback too.
+_DEBUG = os.environ.get("TBA_DEBUG", "") not in ("", "0")
 
 _CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 # No default here: ml_collections would parse it, with the command line's overrides, while
@@ -74,22 +89,84 @@ def _parse_flags(argv: list[str], default_config: str) -> list[str]:
   if not any(a == "--config" or a.startswith("--config=") for a in argv[1:]):
     argv = argv[:1] + [f"--config={os.path.join(_CONFIGS, default_config)}"] + argv[1:]
   try:
+    missing = _missing_config_file(argv)
+    if missing:
+      raise UserError(missing)
     return flags.FLAGS(argv)
   except Exception as e:  # flag and config errors: one line, not a traceback
-    sys.exit(f"error: {_explain(e, argv)}")
+    if _DEBUG:
+      raise
+    sys.exit(f"error: {e if isinstance(e, UserError) else _explain(e, argv)}")
 
 
-def _main(argv, job=None):
-  del argv
+def _missing_config_file(argv: list[str]) -> str | None:
+  """What is wrong when --config names no file; None when it names one."""
+  specs = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+  specs += [b for a, b in zip(argv, argv[1:]) if a == "--config"]
+  path, _, arg = specs[-1].partition(":") if specs else ("", "", "")
+  if not path or os.path.isfile(path):
+    return None
+  ours = sorted(f for f in os.listdir(_CONFIGS) if f.endswith(".py") and f != "__init__.py")
+  name = os.path.basename(path)
+  if name in ours and not os.path.isabs(path):
+    return (f"config file {path!r} not found from {os.getcwd()}: a config path is relative to "
+            f"the current directory. Run from the repository root ({os.path.dirname(_CONFIGS)}) "
+            f"or give the full path: --config={os.path.join(_CONFIGS, name)}"
+            f"{':' + arg if arg else ''}")
+  close = difflib.get_close_matches(name, ours, n=1)
+  hint = f"; did you mean configs/{close[0]}?" if close else ""
+  return (f"config file {path!r} does not exist (the configs are {', '.join(ours)} in "
+          f"{_CONFIGS}){hint}")
+
+
+def _check_experiment(experiment: str, config, argv: list[str]) -> None:
+  """Refuses a config of another experiment's task, naming the command that runs it."""
+  name = config.task.name
+  right = next((e for e, names in EXPERIMENTS.items() if name in names), None)
+  if name in EXPERIMENTS[experiment] or right is None:  # an unknown name: config_checks says
+    return
+  module = os.path.splitext(os.path.basename(argv[0]))[0]
+  raise UserError(
+      f"experiments.{module} runs {' / '.join(EXPERIMENTS[experiment])} configs; this one has "
+      f"task.name={name!r}. Run it with: python -m experiments.{right} {shlex.join(argv[1:])}")
+
+
+def _main(argv, experiment: str, job=None):
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-  config = _CONFIG.value
-  from tba_jax import config_builders, config_checks
   try:
-    # Before anything touches the devices or the workdir.
-    config_checks.validate(config)
-    config_builders.use_cpu_devices(config.mesh.num_cpu_devices)
-  except config_checks.ConfigError as e:
-    sys.exit(f"error: {e}")
+    _start(argv, experiment, job)
+  except Exception as e:
+    if _DEBUG:
+      raise
+    # Errors the message explains: one paragraph. Anything else is a bug: its traceback.
+    from tba_jax import loop
+    if isinstance(e, (UserError, loop.SearcherError)):
+      sys.exit(f"error: {e}")
+    from tba_jax import distributed
+    if isinstance(e, distributed.ProcessLostError):
+      # Exit now: JAX's shutdown at exit would wait for the lost process until its timeout.
+      print(f"error: {e}", file=sys.stderr, flush=True)
+      sys.stdout.flush()
+      os._exit(1)
+    raise
+  except KeyboardInterrupt as e:  # a second Ctrl-C, or one outside the training steps
+    print(str(e) or f"Ctrl-C: stopped at once; what {_WORKDIR.value} holds is kept (rerun the "
+          "same command to resume from its newest checkpoint).", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(130)  # at once: no waiting for the searcher threads or JAX's shutdown
+
+
+def _start(argv, experiment: str, job) -> None:
+  try:
+    config = _CONFIG.value
+    config.task.name  # ml_collections loads the file on first use
+  except Exception as e:  # an error in the config file or its argument
+    raise UserError(_explain(e, argv)) from e
+  _check_experiment(experiment, config, argv)
+  from tba_jax import config_builders, config_checks
+  # Before anything touches the devices or the workdir.
+  config_checks.validate(config)
+  config_builders.use_cpu_devices(config.mesh.num_cpu_devices)
   if _CACHE.value:
     import jax
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(_CACHE.value))
@@ -99,19 +176,13 @@ def _main(argv, job=None):
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                          heartbeat_timeout_s=_HEARTBEAT.value)
   from tba_jax import loop
-  try:
-    (job or loop.run)(config, _WORKDIR.value)
-  except (config_checks.ConfigError, loop.SearcherError) as e:  # the message says it all
-    sys.exit(f"error: {e}")
-  except distributed.ProcessLostError as e:
-    # Exit now: JAX's shutdown at exit would wait for the lost process until its timeout.
-    print(f"error: {e}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(1)
+  (job or loop.run)(config, _WORKDIR.value)
 
 
 def main(default_config: str, job=None) -> None:
   """Runs the experiment (or `job(config, workdir)`); `default_config` ("gsm8k.py:cpu")
-  when --config is not given."""
-  app.run(functools.partial(_main, job=job),
+  when --config is not given. Its file names the experiment (EXPERIMENTS): a config of
+  another experiment's task is refused."""
+  experiment = default_config.partition(".py")[0]
+  app.run(lambda argv: _main(sys.argv, experiment, job),
           flags_parser=lambda argv: _parse_flags(argv, default_config))

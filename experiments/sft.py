@@ -13,7 +13,8 @@ adds to a prompt by default). Training is the TB trainer's jitted update
 (train_step.make_update) with this loss: AdamW, the same shardings over every
 local device, micro-batches. The defaults are Lee et al.'s attacker SFT (README of
 GFNOrg/red-teaming: lr 3e-5, 100 steps of 1024 examples in 32 micro-batches,
-clip 1.0, weight decay 0.1, 100 warmup steps: the lr rises through the whole run),
+clip 1.0, weight decay 0.1, 100 warmup steps: the lr rises through the whole run;
+the stock gpt2 config's dropout 0.1 on in training, --dropout, as model.dropout),
 except that weight decay applies to every weight (theirs spares biases and
 LayerNorms) and every example is trained on (they hold out 10% for a validation
 loss). The result is written in Hugging Face format to --out: the `model.path`
@@ -72,13 +73,14 @@ def batch_of(prompts, completions, tp: int, tc: int, pad_id: int):
   return batch_lib.TrainBatch(
       tokens=tokens, attention_mask=attention, completion_mask=counted.astype(np.float32),
       ref_logprobs=zeros, behaviour_logprobs=zeros, rewards=np.zeros(n, np.float32),
-      group_ids=np.arange(n, dtype=np.int32), versions=np.zeros(n, np.int32))
+      group_ids=np.arange(n, dtype=np.int32), prompt_ids=np.zeros(n, np.int32),
+      versions=np.zeros(n, np.int32))
 
 
 def train(model_path: str, rows: list[dict], *, out: str | None, steps: int, batch_size: int,
           num_microbatches: int, learning_rate: float, warmup_steps: int, weight_decay: float,
-          grad_clip: float, seed: int = 0, dtype: str = "float32", tokenizer: str = "",
-          log_every: int = 10) -> list[float]:
+          grad_clip: float, dropout: float, seed: int = 0, dtype: str = "float32",
+          tokenizer: str = "", log_every: int = 10) -> list[float]:
   """Fine-tunes `model_path` on `rows`; returns the loss of every step (writes `out`)."""
   from tba_jax import hf_checkpoints, sharding, train_step
   from tba_jax import tokenizer as tokenizer_lib
@@ -95,7 +97,8 @@ def train(model_path: str, rows: list[dict], *, out: str | None, steps: int, bat
   del params
   update = train_step.make_update(cfg, optimizer, sft_loss,
                                   lambda u: jnp.ones((), jnp.float32), mesh, temperature=1.0,
-                                  num_microbatches=num_microbatches, lr_schedule=lr)
+                                  num_microbatches=num_microbatches, lr_schedule=lr,
+                                  dropout=dropout, dropout_seed=seed)
   shardings = train_step.batch_shardings(mesh)
   rng = np.random.default_rng(seed)
   order, position, losses = rng.permutation(len(rows)), 0, []
@@ -140,6 +143,8 @@ def main(argv=None):
   p.add_argument("--warmup_steps", type=int, default=100)
   p.add_argument("--weight_decay", type=float, default=0.1)
   p.add_argument("--grad_clip", type=float, default=1.0)
+  p.add_argument("--dropout", type=float, default=0.1,
+                 help="attention, residual and embedding dropout in training (GPT-2's 0.1)")
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args(argv)
@@ -157,7 +162,8 @@ def main(argv=None):
   train(args.model, read_rows(args.data), out=args.out, steps=args.steps,
         batch_size=args.batch_size, num_microbatches=args.num_microbatches,
         learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
-        weight_decay=args.weight_decay, grad_clip=args.grad_clip, seed=args.seed,
+        weight_decay=args.weight_decay, grad_clip=args.grad_clip, dropout=args.dropout,
+        seed=args.seed,
         dtype=args.dtype, tokenizer=args.tokenizer)
 
 

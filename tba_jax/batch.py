@@ -1,12 +1,19 @@
 """The training batch and its token layout, written once for everyone who builds one.
 
   tokens, attention = token_rows(prompts, completions, tp, tc, pad_id)
-  batch = from_entries(entries, tp, tc, pad_id, include_eos)   # the replay buffer's batches
+  batch = from_entries(entries, tp, tc, pad_id, include_eos, group_ids)  # the buffer's batches
 
 Every row holds its prompt right-aligned in columns [0, Tp) (left padding) and
 its completion from column Tp (right padding), so every completion starts at
 the same column. The searchers build exactly these rows to score reference
 log-probs, the replay buffer to train on, so both see the same positions.
+
+Groups. The losses estimate log Z (TB) or a baseline (RLOO, GRPO) per GROUP of
+rows, and a group is a batch SLOT: the K samples the replay buffer drew for one
+of its B slots. A prompt that fills two slots (the buffer holds fewer distinct
+prompts than B) is two groups of K, as in the authors' code, where each
+micro-batch is one slot. `prompt_ids` name the prompt itself (a learned log Z is
+a table indexed by prompt id).
 """
 from __future__ import annotations
 
@@ -29,7 +36,9 @@ class TrainBatch:
   ref_logprobs: np.ndarray       # [N, Tc] float32, per-token reference log-probs (tempered)
   behaviour_logprobs: np.ndarray  # [N, Tc] float32, per-token log-probs of the sampling policy
   rewards: np.ndarray            # [N] float32
-  group_ids: np.ndarray          # [N] int32, prompt id (any integers, any order)
+  group_ids: np.ndarray          # [N] int32, the row's group: its batch slot (any integers,
+                                 # any order; module docstring)
+  prompt_ids: np.ndarray         # [N] int32, the row's prompt id
   versions: np.ndarray           # [N] int32, policy version that generated each sample
 
   @property
@@ -51,8 +60,8 @@ def token_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[
 
 
 def from_entries(entries: Sequence[Entry], tp: int, tc: int, pad_id: int,
-                 include_eos: bool) -> TrainBatch:
-  """A TrainBatch of `entries`, one row each, in order."""
+                 include_eos: bool, group_ids: Sequence[int]) -> TrainBatch:
+  """A TrainBatch of `entries`, one row each, in order; `group_ids` [N] their groups."""
   n = len(entries)
   tokens, attention = token_rows([e.prompt for e in entries], [e.completion for e in entries],
                                  tp, tc, pad_id)
@@ -69,7 +78,8 @@ def from_entries(entries: Sequence[Entry], tp: int, tc: int, pad_id: int,
   return TrainBatch(
       tokens=tokens, attention_mask=attention, completion_mask=counted, ref_logprobs=ref,
       behaviour_logprobs=beh, rewards=np.array([e.reward for e in entries], np.float32),
-      group_ids=np.array([e.prompt_id for e in entries], np.int32),
+      group_ids=np.asarray(group_ids, np.int32).reshape(n),
+      prompt_ids=np.array([e.prompt_id for e in entries], np.int32),
       versions=np.array([e.version for e in entries], np.int32))
 
 

@@ -32,17 +32,20 @@ from etils import epath
 
 from tba_jax import entries as entries_lib
 from tba_jax.entries import Entry
+from tba_jax.errors import UserError
 
 # Top-level config sections / keys that may change between a run and its resume.
 RESUMABLE_KEYS = ("num_train_steps", "max_train_seconds", "eval", "log", "checkpoint",
                   "searcher.max_restarts", "searcher.mismatch_every", "fault")
+# A refused resume lists at most this many differing keys (another variant differs in dozens).
+MAX_DIFFERENCES_SHOWN = 8
 
 
-class ConfigMismatchError(ValueError):
-  pass
+class ConfigMismatchError(UserError, ValueError):
+  """The workdir's checkpoints were written under a config that computes something else."""
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
   """No checkpoint in the directory restores."""
 
 
@@ -129,12 +132,21 @@ class Checkpointer:
     if step is None:
       return
     saved = self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
-    diffs = config_differences(saved["config"], _jsonable(config_dict))
+    saved, current = saved["config"], _jsonable(config_dict)
+    task = lambda c: c.get("task", {}).get("name")
+    if task(saved) != task(current):  # another experiment: its differing keys say nothing
+      raise ConfigMismatchError(
+          f"{self.directory} holds a checkpoint (step {step}) of a {task(saved)} run, not of "
+          f"this {task(current)} run; use a new --workdir for this one.")
+    diffs = config_differences(saved, current)
     if diffs:
+      shown = diffs[:MAX_DIFFERENCES_SHOWN] + (
+          [f"... and {len(diffs) - MAX_DIFFERENCES_SHOWN} more"]
+          if len(diffs) > MAX_DIFFERENCES_SHOWN else [])
       raise ConfigMismatchError(
           f"the checkpoint in {self.directory} (step {step}) was written by a different "
           "config; refusing to resume. Differences (checkpoint -> now):\n  " +
-          "\n  ".join(diffs) + "\nUse a new --workdir, or restore the original settings.")
+          "\n  ".join(shown) + "\nUse a new --workdir, or restore the original settings.")
 
   def restore(self, abstract_train_state, config_dict: dict) -> Restored | None:
     """The newest checkpoint that restores, or None when there is none.

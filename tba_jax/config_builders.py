@@ -11,10 +11,11 @@ import os
 import jax
 import optax
 
-from tba_jax import faults, hf_checkpoints, lora, losses, rewards, sharding, train_step
+from tba_jax import faults, hf_checkpoints, lora, losses, rewards, sharding, train_step, verifiers
 from tba_jax import weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.config_checks import ConfigError
+from tba_jax.errors import DataError
 from tba_jax.evaluation import Evaluator
 from tba_jax.model import LoRAConfig, ModelConfig, init_params
 from tba_jax.sampler import Sampler
@@ -22,6 +23,7 @@ from tba_jax.searcher import Exploration, PromptStream, Searcher
 from tba_jax.searcher_pool import SearcherPool
 from tba_jax.streaming import StreamingSearcher
 from tba_jax.tasks import Task, arithmetic, gsm8k, redteam, tldr
+from tba_jax.tasks import math as math_task  # (not `math`: the stdlib module is used here)
 
 
 def use_cpu_devices(num: int) -> None:
@@ -61,8 +63,9 @@ def meshes(mesh_cfg, mode: str):
   n = mesh_cfg.num_trainer_devices
   _, searcher_local = sharding.split_devices(local, n)
   if len(searcher_local) % mesh_cfg.num_searchers:
-    raise ValueError(f"{len(searcher_local)} searcher devices do not split into "
-                     f"mesh.num_searchers={mesh_cfg.num_searchers} equal groups")
+    raise ConfigError(f"mesh.num_searchers={mesh_cfg.num_searchers}: the "
+                      f"{len(searcher_local)} searcher devices do not split into that many "
+                      "equal groups")
   per = len(searcher_local) // mesh_cfg.num_searchers
   searchers = [sharding.make_mesh("searcher", searcher_local[i * per:(i + 1) * per],
                                   mesh_cfg.searcher_tensor) for i in range(mesh_cfg.num_searchers)]
@@ -87,8 +90,8 @@ def load_model(model_cfg, tokenizer, dtype: str, trainer_mesh, seed: int):
   if model_cfg.path == "random":
     cfg = ModelConfig(**model_cfg.random.to_dict(), dtype=dtype)
     if cfg.vocab_size < tokenizer.vocab_size:
-      raise ValueError(f"model.random.vocab_size={cfg.vocab_size} < the tokenizer's "
-                       f"{tokenizer.vocab_size} tokens")
+      raise ConfigError(f"model.random.vocab_size={cfg.vocab_size} < the tokenizer's "
+                        f"{tokenizer.vocab_size} tokens")
     return cfg, init_params(cfg, seed, sharding.param_shardings(cfg, "trainer", trainer_mesh))
   return hf_checkpoints.load(model_path(model_cfg.path), dtype, mesh=trainer_mesh, role="trainer")
 
@@ -209,24 +212,47 @@ def build_task(task_cfg, tokenizer) -> Task:
     return _tldr_task(task_cfg, tokenizer)
   if task_cfg.name == "redteam":
     return redteam_task(task_cfg.redteam)
-  if task_cfg.name == "gsm8k":
+  answer = gsm8k.extract_answer
+  if task_cfg.name in ("gsm8k", "math"):
     path = task_cfg.data_path or None
-    train, test = gsm8k.load("train", path), gsm8k.load("test", path)
+    source = gsm8k if task_cfg.name == "gsm8k" else math_task
+    _check_splits(source.data_file("train", path), source.data_file("test", path),
+                  task_cfg.test_on_train)
+    train, test = source.load("train", path), source.load("test", path)
+    if task_cfg.name == "math":
+      answer = math_task.answer_of
   elif task_cfg.name == "arithmetic":
     a = task_cfg.arithmetic
-    train, test = arithmetic.make_problems(a.ops, a.low, a.high, seed=a.seed,
-                                           test_fraction=a.test_fraction)
+    try:
+      train, test = arithmetic.make_problems(a.ops, a.low, a.high, seed=a.seed,
+                                             test_fraction=a.test_fraction)
+    except ValueError as e:
+      raise ConfigError(f"task.arithmetic: {e}") from None
   else:
-    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, arithmetic, tldr, redteam)")
+    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, math, arithmetic, tldr, "
+                     "redteam)")
   if task_cfg.num_train_problems:
     train = train[:task_cfg.num_train_problems]
   style, suffix = task_cfg.prompt_style, task_cfg.question_suffix
+  thinking = {"auto": None, "on": True, "off": False}[task_cfg.thinking]
   if style in ("paper", "chat"):
-    prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer)
+    prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer, thinking)
   else:
     prompt = lambda p: style.format(question=p.question + suffix)
-  return Task(train=train, test=test, prompt=prompt, reward=rewards.TextReward(gsm8k.reward),
-              templated_prompts=style == "chat", answer=gsm8k.extract_answer)
+  return Task(train=train, test=test, prompt=prompt,
+              reward=verifiers.VerifierReward(task_cfg.verifier),
+              templated_prompts=style == "chat", answer=answer,
+              name=task_cfg.name, reward_metric=gsm8k.REWARD_METRIC, headline=gsm8k.HEADLINE)
+
+
+def _check_splits(train_file: str, test_file: str, test_on_train: bool) -> None:
+  """Refuses one file as both splits (evaluation would score the training problems) unless
+  task.test_on_train asks for it."""
+  if os.path.realpath(train_file) == os.path.realpath(test_file) and not test_on_train:
+    raise ConfigError(
+        f"task.data_path: {train_file} would be both the train and the test split, so the "
+        "evaluation would score the training problems. Give a directory holding train.jsonl "
+        "and test.jsonl, or set task.test_on_train=true to evaluate on the training problems.")
 
 
 def _tldr_task(t, tokenizer) -> Task:
@@ -236,6 +262,10 @@ def _tldr_task(t, tokenizer) -> Task:
   train, dropped = tldr.to_problems(tldr.load_rows("train", path), tokenizer, t.max_prompt_len)
   test, dropped_test = tldr.to_problems(tldr.load_rows("validation", path), tokenizer,
                                         t.max_prompt_len)
+  for split, kept, gone in (("train", train, dropped), ("validation", test, dropped_test)):
+    if not kept:
+      raise DataError(f"TL;DR {split} ({t.data_path or tldr.HUB_ID}): all {gone} prompts are "
+                      f"longer than task.max_prompt_len={t.max_prompt_len} tokens")
   if (dropped or dropped_test) and jax.process_index() == 0:
     print(f"TL;DR: dropped {dropped} train and {dropped_test} validation prompts longer than "
           f"task.max_prompt_len={t.max_prompt_len} tokens")
@@ -333,28 +363,33 @@ def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelC
 
 def encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, list[int]]:
   """Prompt ids per problem id, BOS as `tokenizer.add_bos` says (Tokenizer.encode_prompt)."""
-  out = {}
-  for p in problems:
-    ids = tokenizer.encode_prompt(task.prompt(p), templated=task.templated_prompts)
-    if len(ids) > max_len:
-      raise ValueError(f"problem {p.id}: prompt of {len(ids)} tokens exceeds "
-                       f"task.max_prompt_len={max_len}")
+  out = {p.id: tokenizer.encode_prompt(task.prompt(p), templated=task.templated_prompts)
+         for p in problems}
+  too_long = [i for i, ids in out.items() if len(ids) > max_len]
+  if too_long:
+    longest = max(too_long, key=lambda i: len(out[i]))
+    raise ConfigError(f"task.max_prompt_len={max_len}: {len(too_long)} of {len(out)} prompts "
+                      f"are longer (the longest, problem {longest}'s, has {len(out[longest])} "
+                      "tokens); raise task.max_prompt_len to at least that")
+  for i, ids in out.items():
     if ids and ids[-1] in tokenizer.eos_ids:  # the authors assert the same (tba_gsm8k.py L85)
-      raise ValueError(f"problem {p.id}: the prompt ends with an EOS token (the tokenizer "
-                       "appends EOS by default?); generation would start after the end")
-    out[p.id] = ids
+      raise ConfigError(f"problem {i}: the prompt ends with an EOS token (the tokenizer "
+                        "appends EOS by default?); generation would start after the end")
   return out
 
 
 def loss_fn(loss_cfg):
   clip = loss_cfg.ratio_clip or None
   if loss_cfg.name == "tb":
-    return functools.partial(train_step.tb_loss, ratio_clip=clip)
+    return functools.partial(train_step.tb_loss, ratio_clip=clip,
+                             log_z_from_behaviour=loss_cfg.log_z == "behaviour")
+  if loss_cfg.name == "ratio":  # TBA-prime's per-token ratio loss (its cap c: 8 by default)
+    return functools.partial(train_step.ratio_loss, ratio_clip=loss_cfg.ratio_clip or 8.0)
   if loss_cfg.name == "rloo":  # the paper's Proximal RLOO baseline (PPO eps)
     return functools.partial(train_step.rloo_loss, ratio_clip=loss_cfg.ratio_clip or 0.2)
   if loss_cfg.name == "grpo":
     return functools.partial(train_step.grpo_loss, clip_eps=loss_cfg.ratio_clip or 0.2)
-  raise ValueError(f"unknown loss.name {loss_cfg.name!r} (tb, rloo, grpo)")
+  raise ValueError(f"unknown loss.name {loss_cfg.name!r} (tb, rloo, grpo, ratio)")
 
 
 def beta_schedule(loss_cfg):
@@ -371,8 +406,9 @@ def beta_schedule(loss_cfg):
 
 
 def learned_log_z(loss_cfg, task: Task) -> train_step.LearnedLogZ | None:
-  """loss.log_z="learned": a log Z per training prompt id, trained by Adam; None: VarGrad."""
-  if loss_cfg.log_z == "vargrad":
+  """loss.log_z="learned": a log Z per training prompt id, trained by Adam; None: VarGrad's
+  estimate (of the policy's or, "behaviour", of the sampling policy's log-probs)."""
+  if loss_cfg.log_z != "learned":
     return None
   return train_step.LearnedLogZ(optax.adam(loss_cfg.log_z_learning_rate),
                                 num_prompts=max(p.id for p in task.train) + 1)

@@ -13,17 +13,20 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable, Iterable
 
+from tba_jax.errors import UserError
 from tba_jax.model_config import LORA_TARGETS
 
 # Keys whose value must be one of a fixed set.
 CHOICES = {
     "sync.mode": ("async", "alternate"),
-    "loss.name": ("tb", "rloo", "grpo"),
+    "loss.name": ("tb", "rloo", "grpo", "ratio"),
     "optim.schedule": ("wsd", "linear", "cosine", "constant"),
     "buffer.eviction": ("oldest", "lowest_reward"),  # replay_buffer.EVICTION_POLICIES
-    "task.name": ("gsm8k", "arithmetic", "tldr", "redteam"),
+    "task.name": ("gsm8k", "math", "arithmetic", "tldr", "redteam"),
+    "task.verifier": ("paper_regex", "math_verify"),  # verifiers.VERIFIERS
+    "task.thinking": ("auto", "on", "off"),
     "buffer.priority": ("reward", "log_target"),  # replay_buffer.PRIORITIES
-    "loss.log_z": ("vargrad", "learned"),
+    "loss.log_z": ("vargrad", "learned", "behaviour"),
     "model.dtype": ("float32", "bfloat16"),
     "sync.weights_dtype": ("", "float32", "bfloat16"),
     "model.add_bos": ("auto", "on", "off"),
@@ -67,7 +70,7 @@ POSITIVE = ("sampler.temperature", "sampler.top_p", "buffer.reward_tau", "model.
 PROMPT_STYLES = ("paper", "chat")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A config value that cannot run; the message names the key and what is allowed."""
 
 
@@ -110,7 +113,8 @@ def _problems(config) -> Iterable[str]:
   checks += [(k, lambda v, lo=lo, hi=hi: lo <= v <= hi, f"in [{lo}, {hi}]")
              for k, (lo, hi) in INTERVALS.items()]
   checks += [(k, lambda v: v > 0, "> 0") for k in POSITIVE]
-  checks += [("sampler.top_p", lambda v: v <= 1, "<= 1")]
+  checks += [("sampler.top_p", lambda v: v <= 1, "<= 1"),
+             ("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)")]
   for key, ok, allowed in checks:
     try:
       value = get(key)
@@ -147,8 +151,10 @@ def _problems(config) -> Iterable[str]:
   if get("sampler.end_with_eos") and get("sampler.min_new_tokens") >= get("sampler.max_new_tokens"):
     yield (f"sampler.min_new_tokens={get('sampler.min_new_tokens')!r}: must be < "
            f"sampler.max_new_tokens={get('sampler.max_new_tokens')!r} with end_with_eos")
-  if get("loss.log_z") == "learned" and get("loss.name") != "tb":
-    yield f"loss.log_z='learned': only with loss.name='tb' (not {get('loss.name')!r})"
+  yield from _microbatch_problems(get)
+  if get("loss.log_z") != "vargrad" and get("loss.name") != "tb":
+    yield (f"loss.log_z={get('loss.log_z')!r}: only with loss.name='tb' (not "
+           f"{get('loss.name')!r})")
   if get("task.name") == "redteam":
     yield from _redteam_problems(config)
   if get("model.path") == "random" and not get("model.tokenizer"):
@@ -156,6 +162,27 @@ def _problems(config) -> Iterable[str]:
   if not get("model.path"):
     yield ("model.path='': must be a HF directory, a hub id, a .gguf file, 'smollm2' or "
            "'random'")
+
+
+def _microbatch_problems(get) -> Iterable[str]:
+  """Micro-batches of whole groups (a group: one slot's K samples; tba_jax/batch.py) that
+  split over the trainer's fsdp devices, so the update does not depend on their number."""
+  b, k = get("buffer.num_prompts"), get("buffer.samples_per_prompt")
+  m = get("optim.num_microbatches")
+  if not all(isinstance(v, int) and v >= 1 for v in (b, k, m)):
+    return  # reported above
+  if b % m:
+    fits = ", ".join(str(d) for d in range(1, b + 1) if b % d == 0)
+    yield (f"optim.num_microbatches={m}: must divide buffer.num_prompts={b} (one of {fits}): "
+           "a micro-batch holds whole groups, each a slot's buffer.samples_per_prompt samples "
+           "(VarGrad's log Z and the RLOO / GRPO baselines are means over a group)")
+    return
+  devices, tensor = get("mesh.num_trainer_devices"), get("mesh.trainer_tensor")
+  fsdp = devices // tensor if devices >= tensor >= 1 and devices % tensor == 0 else 1
+  if (b // m * k) % fsdp:
+    yield (f"optim.num_microbatches={m}: micro-batches of buffer.num_prompts={b} / {m} x "
+           f"buffer.samples_per_prompt={k} = {b // m * k} rows do not split over the "
+           f"trainer's {fsdp} fsdp devices (mesh.num_trainer_devices / mesh.trainer_tensor)")
 
 
 def _redteam_problems(config) -> Iterable[str]:

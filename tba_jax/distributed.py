@@ -137,8 +137,13 @@ def all_gather_entries(entries: list[Entry], *, max_prompt_len: int,
 
 
 def broadcast_flags(*flags: bool) -> tuple[bool, ...]:
-  """Each flag True on every process when any process raised it (SIGTERM, a failure)."""
-  return tuple(bool(f) for f in all_gather_ints(*flags).max(axis=0))
+  """Each flag True on every process when any process raised it (a failure, a deadline)."""
+  return tuple(bool(f) for f in broadcast_max(*flags))
+
+
+def broadcast_max(*values: int) -> tuple[int, ...]:
+  """Each value's maximum over the processes, on every process (a stop signal's number)."""
+  return tuple(int(v) for v in all_gather_ints(*values).max(axis=0))
 
 
 def all_gather_ints(*values: int) -> np.ndarray:

@@ -1,8 +1,11 @@
-"""Evaluation: greedy pass@1, sampled pass@1 / pass@n, distinct final answers.
+"""Evaluation: greedy pass@1, sampled pass@1 / pass@k, distinct final answers.
 
 Problems are batched through the same sampler the searchers use and scored by
 the task's reward stage (built on the evaluation devices); "pass" means a
-reward > 0, and pass@1 is the mean reward (0/1 for GSM8K). A task's own
+reward > 0, and pass@1 is the mean reward (0/1 for GSM8K). With n samples per
+problem, pass@k for k = 2, 4, 8, ... < n is the unbiased estimator of Chen et al.
+(2021), 1 - C(n - c, k) / C(n, k) for c passing samples, averaged over problems;
+pass@n is whether any passed. A task's own
 metrics (Task.evaluation) see every completion of a pass at once, with the
 evaluated policy (`Policy`: its architecture, its params and the run's
 reference, e.g. for a KL); they carry their pass's name ("greedy_win_rate")
@@ -13,6 +16,7 @@ the counts are summed across processes.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Sequence
 
 import jax
@@ -26,12 +30,25 @@ from tba_jax.tasks import Problem
 GenerateFn = Callable
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+  """The chance that k of n samples (c of them passing) drawn without replacement hold a
+  passing one: 1 - C(n - c, k) / C(n, k) (Chen et al. 2021's unbiased pass@k)."""
+  return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
 @dataclasses.dataclass(frozen=True)
 class Policy:
   """The evaluated policy as a task's metrics see it (params on the evaluation devices)."""
-  model_config: Any  # model.ModelConfig of the policy (and of its reference)
+  model_config: Any  # model.ModelConfig of the policy
   params: Any
   reference: Any = None  # the run's reference policy's params (None: not given)
+  # The reference's ModelConfig (None: model_config's). A LoRA policy's config carries its
+  # adapters; its reference is the base model, adapters off.
+  reference_config: Any = None
+
+  def __post_init__(self):
+    if self.reference_config is None:
+      object.__setattr__(self, "reference_config", self.model_config)
 
 
 # A task's own evaluation metrics (Task.evaluation, built on the evaluation devices like a
@@ -101,13 +118,14 @@ class Evaluator:
       out[prefix + name] = (value.mean() if value.ndim else float(value)) * num_problems
     return out
 
-  def __call__(self, params, key, reference=None) -> dict[str, float]:
+  def __call__(self, params, key, reference=None, reference_config=None) -> dict[str, float]:
     """Metrics under "eval/..." keys, averaged over the problems of every process.
 
-    `reference`: the run's reference policy's params, for the task's metrics (Policy).
+    `reference`: the run's reference policy's params, of `reference_config` (None: the
+    policy's config), for the task's metrics (Policy).
     """
     indices = list(range(jax.process_index(), len(self.problems), jax.process_count()))
-    policy = Policy(self.model_config, params, reference)
+    policy = Policy(self.model_config, params, reference, reference_config)
     sampled = self.sampled is not None and self.num_samples > 0
     both = self.greedy is not None and sampled  # the task's metrics then name their pass
     sums = {}
@@ -125,7 +143,10 @@ class Evaluator:
       sums["sampled_pass@1"] = r.mean(axis=1).sum()
       sums["sampled_pass@1_se"] = self._se_term(r)
       self._keep("sampled", batch, r)
-      sums[f"pass@{n}"] = (r.max(axis=1) > 0).sum()
+      passed = (r > 0).sum(axis=1)
+      for k in [2 ** i for i in range(1, n.bit_length()) if 2 ** i < n]:
+        sums[f"pass@{k}"] = sum(pass_at_k(n, int(c), k) for c in passed)
+      sums[f"pass@{n}"] = (passed > 0).sum()
       sums.update(self._task_metrics(batch, policy, "sampled_" if both else "", len(indices)))
       if self.answer is not None:
         answers = [self.answer(t) for t in batch.texts]

@@ -5,7 +5,7 @@
 
 Both are built from the config's `fault` section at the edges (loop.run,
 config_builders) only when it asks for them, so a run without faults runs no
-code of this module. README "Fault injection" shows them from the command line.
+code of this module. docs/resume.md "Fault injection" shows them from the command line.
 """
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
 """Hugging Face layouts per architecture: config.json <-> our configs, and HF
 tensor names (torch layout) <-> our parameter leaves.
 
-Supported model_types: llama, mistral, qwen2, gpt_neox, gpt2 (decoders: a causal
-LM or ...ForSequenceClassification) and bert, roberta (encoders: the bare model,
-for embeddings, or ...ForSequenceClassification). The head is read from
-config.json's `architectures`.
+Supported model_types: llama, mistral, qwen2, qwen3, gemma3_text, gpt_neox, gpt2
+(decoders: a causal LM or ...ForSequenceClassification) and bert, roberta
+(encoders: the bare model, for embeddings, or ...ForSequenceClassification). The
+head is read from config.json's `architectures`. Gemma 3's multimodal checkpoints
+(model_type gemma3, Gemma3ForConditionalGeneration: 4B and up) are refused by name;
+their text tower is a gemma3_text model.
 """
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ _HF = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", "LlamaForSequenceClassification", "model."),
     "mistral": ("MistralConfig", "MistralForCausalLM", "MistralForSequenceClassification", "model."),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification", "model."),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "Qwen3ForSequenceClassification", "model."),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification",
+                    "model."),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", "GPTNeoXForSequenceClassification",
                  "gpt_neox."),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", "GPT2ForSequenceClassification", "transformer."),
@@ -59,6 +64,64 @@ def _rope(c: dict) -> tuple[float, RopeScaling | None, float]:
   return float(theta), rope_scaling, float(fraction)
 
 
+def _gemma3_rope(c: dict) -> tuple[float, RopeScaling | None, float]:
+  """(global theta, global scaling, the sliding layers' theta) of a Gemma 3 text config:
+  transformers >= 5 writes rope_parameters per layer type, older files rope_theta,
+  rope_scaling and rope_local_base_freq."""
+  rope = c.get("rope_parameters") or {}
+  full, local = dict(rope.get("full_attention") or {}), dict(rope.get("sliding_attention") or {})
+  if not full:
+    full = {"rope_theta": c.get("rope_theta", 1_000_000.0), **(c.get("rope_scaling") or {})}
+    local = {"rope_theta": c.get("rope_local_base_freq", 10_000.0)}
+  if local.get("rope_type", "default") != "default":
+    raise ValueError(f"config.json: sliding layers with rope type {local['rope_type']!r} are not "
+                     "supported (only default)")
+  theta, scaling, _ = _rope({"rope_parameters": full})
+  return theta, scaling, float(local.get("rope_theta", 10_000.0))
+
+
+def _sliding(c: dict, model_type: str, num_layers: int) -> tuple[int, tuple[int, ...]]:
+  """(window, indices of the sliding layers), as transformers decides them: Gemma 3 by
+  layer_types (else every `sliding_window_pattern`-th layer is global), Qwen2 / Qwen3
+  when use_sliding_window (layer_types, else the layers from max_window_layers on),
+  Mistral every layer when sliding_window is set."""
+  window = c.get("sliding_window") or 0
+  if model_type in ("qwen2", "qwen3") and not c.get("use_sliding_window"):
+    window = 0
+  if not window or model_type == "llama":
+    return 0, ()
+  types = c.get("layer_types")
+  if model_type == "gemma3_text" and not types:
+    pattern = c.get("sliding_window_pattern", c.get("_sliding_window_pattern", 6))
+    types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+             for i in range(num_layers)]
+  elif model_type in ("qwen2", "qwen3") and not types:
+    start = c.get("max_window_layers", num_layers)
+    types = ["sliding_attention" if i >= start else "full_attention" for i in range(num_layers)]
+  elif model_type == "mistral":
+    types = ["sliding_attention"] * num_layers
+  if len(types) != num_layers or set(types) - {"sliding_attention", "full_attention"}:
+    raise ValueError(f"config.json: layer_types={types} must name sliding_attention or "
+                     f"full_attention for each of the {num_layers} layers")
+  layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+  return (int(window), layers) if layers else (0, ())
+
+
+def _gemma3(c: dict) -> dict:
+  """The ModelConfig switches of a Gemma 3 text model (transformers' Gemma3TextModel)."""
+  if c.get("use_bidirectional_attention"):
+    raise ValueError("config.json: Gemma 3 with use_bidirectional_attention=true (an encoder) "
+                     "is not supported")
+  if c.get("attn_logit_softcapping") is not None:
+    raise ValueError("config.json: attn_logit_softcapping is not supported (Gemma 3 checkpoints "
+                     "set it to null)")
+  theta, scaling, local = _gemma3_rope(c)
+  return dict(norm="rms_plus_one", qk_norm=True, post_norms=True, embed_scale=True,
+              attn_scale=float(c.get("query_pre_attn_scalar", 256)) ** -0.5,
+              final_logit_softcap=c.get("final_logit_softcapping"), rope_theta=theta,
+              rope_scaling=scaling, local_rope_theta=local)
+
+
 def _head(c: dict, model_type: str) -> str:
   """"lm", "classifier" or "none" (a bare encoder), from config.json's architectures."""
   _, lm_or_bare, classifier, _ = _HF[model_type]
@@ -90,6 +153,10 @@ def _eos(c: dict):
 def config_from_hf(c: dict, dtype: str = "float32") -> ModelConfig | EncoderConfig:
   """Our config from a Hugging Face config.json dict; refuses what we cannot run."""
   model_type = c.get("model_type")
+  if model_type == "gemma3":
+    raise ValueError("config.json: a multimodal Gemma 3 checkpoint (model_type='gemma3', "
+                     f"architectures={c.get('architectures')}) is not supported; its text tower "
+                     "as a Gemma3ForCausalLM (model_type 'gemma3_text') is")
   if model_type not in SUPPORTED_MODEL_TYPES:
     raise ValueError(f"config.json: unsupported architecture model_type={model_type!r} "
                      f"(architectures={c.get('architectures')}); supported: {SUPPORTED_MODEL_TYPES}")
@@ -115,10 +182,11 @@ def config_from_hf(c: dict, dtype: str = "float32") -> ModelConfig | EncoderConf
         position_embedding="learned", activation=_activation(c, "activation_function"),
         gated_mlp=False, qkv_bias=True, bias=True, **common)
   heads = c["num_attention_heads"]
+  gemma = model_type == "gemma3_text"
   shape = dict(dim=c["hidden_size"], mlp_dim=c["intermediate_size"],
                num_layers=c["num_hidden_layers"], num_heads=heads, rope_theta=theta,
                rope_scaling=scaling, max_position_embeddings=c.get("max_position_embeddings", 2048),
-               tie_embeddings=bool(c.get("tie_word_embeddings", False)))
+               tie_embeddings=bool(c.get("tie_word_embeddings", gemma)))
   if model_type == "gpt_neox":
     if not c.get("attention_bias", True):
       raise ValueError("config.json: GPT-NeoX with attention_bias=false is not supported")
@@ -128,18 +196,23 @@ def config_from_hf(c: dict, dtype: str = "float32") -> ModelConfig | EncoderConf
         parallel_residual=bool(c.get("use_parallel_residual", True)),
         activation=_activation(c, "hidden_act"), gated_mlp=False, qkv_bias=True, bias=True,
         **shape, **common)
-  if c.get("hidden_act", "silu") != "silu":
+  if gemma:
+    activation = _activation(c, "hidden_activation")
+  elif c.get("hidden_act", "silu") != "silu":
     raise ValueError(f"config.json: unsupported hidden_act={c['hidden_act']!r} (only silu)")
   if c.get("mlp_bias"):
     raise ValueError("config.json: mlp_bias=true is not supported")
   if model_type != "qwen2" and c.get("attention_bias"):
     raise ValueError("config.json: attention_bias=true (bias on q/k/v/o) is not supported")
-  if c.get("use_sliding_window"):
-    raise ValueError("config.json: sliding-window attention is not supported")
+  window, sliding = _sliding(c, model_type, shape["num_layers"])
+  extra = dict(qk_norm=model_type == "qwen3")
+  if gemma:
+    extra = dict(_gemma3(c), activation=activation)
   return ModelConfig(
       num_kv_heads=c.get("num_key_value_heads") or heads,
       head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-      norm_eps=c.get("rms_norm_eps", 1e-6), qkv_bias=model_type == "qwen2", **shape, **common)
+      norm_eps=c.get("rms_norm_eps", 1e-6), qkv_bias=model_type == "qwen2",
+      sliding_window=window, sliding_layers=sliding, **{**shape, **extra}, **common)
 
 
 def _encoder_config(c: dict, model_type: str, num_labels: int, dtype: str) -> EncoderConfig:
@@ -179,6 +252,10 @@ def config_to_hf(cfg: ModelConfig):
       architectures=[classifier_cls if cfg.num_labels else lm_cls])
   if cfg.num_labels:
     kw["num_labels"] = cfg.num_labels
+  if cfg.sliding_layers and cfg.model_type not in ("mistral", "qwen2", "qwen3", "gemma3_text"):
+    raise ValueError(f"a {cfg.model_type} checkpoint cannot describe sliding-window layers")
+  if cfg.model_type == "mistral" and len(cfg.sliding_layers) not in (0, cfg.num_layers):
+    raise ValueError("Mistral's sliding window covers every layer or none")
   rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
   if cfg.rope_scaling is not None:
     s = cfg.rope_scaling
@@ -199,11 +276,31 @@ def config_to_hf(cfg: ModelConfig):
               num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
               rms_norm_eps=cfg.norm_eps, rope_parameters=rope, hidden_act="silu",
               max_position_embeddings=cfg.max_position_embeddings)
-    if cfg.model_type == "mistral":
-      kw["sliding_window"] = None
-    if cfg.model_type == "qwen2":
-      kw["use_sliding_window"] = False
+    kw.update(_hf_sliding(cfg))
+    if cfg.model_type == "gemma3_text":
+      del kw["hidden_act"]
+      act = "gelu_pytorch_tanh" if cfg.activation == "gelu_tanh" else _hf_activation(cfg)
+      kw.update(hidden_activation=act, final_logit_softcapping=cfg.final_logit_softcap,
+                query_pre_attn_scalar=round(cfg.attn_scale ** -2), rope_parameters={
+                    "full_attention": rope, "sliding_attention": {
+                        "rope_type": "default", "rope_theta": cfg.local_rope_theta or cfg.rope_theta}})
   return getattr(transformers, config_cls)(**kw)
+
+
+def _hf_sliding(cfg: ModelConfig) -> dict:
+  """The config.json keys that place `cfg`'s sliding-window layers."""
+  window = cfg.sliding_window or None
+  if cfg.model_type == "mistral":
+    return {"sliding_window": window}
+  if cfg.model_type not in ("qwen2", "qwen3", "gemma3_text"):
+    return {}
+  types = ["sliding_attention" if i in cfg.sliding_layers else "full_attention"
+           for i in range(cfg.num_layers)]
+  out = {"sliding_window": window, "layer_types": types}
+  if cfg.model_type != "gemma3_text":  # Qwen's switch, and where its window starts
+    out.update(use_sliding_window=bool(window),
+               max_window_layers=min(cfg.sliding_layers, default=cfg.num_layers))
+  return out
 
 
 def _hf_activation(cfg: ModelConfig) -> str:
@@ -258,12 +355,16 @@ def leaf_specs(cfg: ModelConfig | EncoderConfig) -> list[Spec]:
     lm_head = "lm_head.weight"
   else:
     k = cfg.num_kv_heads
-    attn, mlp = p + "layers.{i}.self_attn.", p + "layers.{i}.mlp."
+    layer = p + "layers.{i}."
+    attn, mlp = layer + "self_attn.", layer + "mlp."
+    # Gemma names its pre-MLP norm pre_feedforward_layernorm; post_attention_layernorm
+    # is then the norm of the attention output (our attn_post_norm).
+    pre_mlp = "pre_feedforward_layernorm" if cfg.post_norms else "post_attention_layernorm"
     specs = [
         _one("embed", p + "embed_tokens.weight"),
         _one("final_norm/scale", p + "norm.weight"),
-        _one("layers/attn_norm/scale", p + "layers.{i}.input_layernorm.weight"),
-        _one("layers/mlp_norm/scale", p + "layers.{i}.post_attention_layernorm.weight"),
+        _one("layers/attn_norm/scale", layer + "input_layernorm.weight"),
+        _one("layers/mlp_norm/scale", layer + pre_mlp + ".weight"),
         _one("layers/attn/q", attn + "q_proj.weight", *heads_in(n)),
         _one("layers/attn/k", attn + "k_proj.weight", *heads_in(k)),
         _one("layers/attn/v", attn + "v_proj.weight", *heads_in(k)),
@@ -276,6 +377,12 @@ def leaf_specs(cfg: ModelConfig | EncoderConfig) -> list[Spec]:
       specs += [_one("layers/attn/q_bias", attn + "q_proj.bias", *heads_bias(n)),
                 _one("layers/attn/k_bias", attn + "k_proj.bias", *heads_bias(k)),
                 _one("layers/attn/v_bias", attn + "v_proj.bias", *heads_bias(k))]
+    if cfg.qk_norm:
+      specs += [_one("layers/attn/q_norm/scale", attn + "q_norm.weight"),
+                _one("layers/attn/k_norm/scale", attn + "k_norm.weight")]
+    if cfg.post_norms:
+      specs += [_one("layers/attn_post_norm/scale", layer + "post_attention_layernorm.weight"),
+                _one("layers/mlp_post_norm/scale", layer + "post_feedforward_layernorm.weight")]
     lm_head = "lm_head.weight"
   if cfg.num_labels:
     specs.append(_linear("score", "score.weight"))

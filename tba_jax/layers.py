@@ -1,11 +1,12 @@
 """Building blocks shared by the decoder (model.py) and the encoder (encoder.py):
 parameter init, RMSNorm / LayerNorm, activations, rotary embeddings (HF
-rotate-half convention), the fused projection and mean pooling.
+rotate-half convention), the fused projection, mean pooling and dropout.
 
 Axis legend as in model.py: B batch, T length, N heads, H head dim, D model dim.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -21,6 +22,34 @@ ACTIVATION_FNS = {
 }
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Dropout:
+  """Training-time dropout (torch's nn.Dropout): each unit zeroed with probability `rate`,
+  the others scaled by 1 / (1 - rate). Masks come from `key` folded with a site number,
+  so every place a forward drops units draws its own (and each layer its own key:
+  `layer_keys`)."""
+  key: jax.Array  # a typed PRNG key
+  rate: float = dataclasses.field(metadata=dict(static=True))
+
+  def __call__(self, x: jax.Array, site: int) -> jax.Array:
+    keep = jax.random.bernoulli(jax.random.fold_in(self.key, site), 1.0 - self.rate, x.shape)
+    return jnp.where(keep, x / (1.0 - self.rate), 0.0).astype(x.dtype)
+
+  def layer_keys(self, num_layers: int) -> jax.Array:
+    """[L] keys, one per layer, none of them a site's (scanned with the layers)."""
+    return jax.random.split(jax.random.fold_in(self.key, 2**31 - 1), num_layers)
+
+  def at(self, key: jax.Array) -> Dropout:
+    """The same rate with another key (a layer's, from layer_keys)."""
+    return Dropout(key, self.rate)
+
+
+def dropped(x: jax.Array, dropout: Dropout | None, site: int) -> jax.Array:
+  """x through `dropout` at `site`; x itself without dropout (no operation added)."""
+  return x if dropout is None else dropout(x, site)
+
+
 def param(rngs: nnx.Rngs, shape, dtype, fan_in: int | None = None, value: float | None = None):
   if value is not None:
     return nnx.Param(jnp.full(shape, value, dtype))
@@ -29,10 +58,12 @@ def param(rngs: nnx.Rngs, shape, dtype, fan_in: int | None = None, value: float 
 
 
 class Norm(nnx.Module):
-  """RMSNorm ("rms": scale) or LayerNorm ("layer": scale and bias) over the last axis."""
+  """RMSNorm ("rms": times scale; "rms_plus_one": times 1 + scale, Gemma's) or
+  LayerNorm ("layer": scale and bias) over the last axis."""
 
   def __init__(self, dim: int, kind: str, eps: float, dtype, rngs: nnx.Rngs):
-    self.scale = param(rngs, (dim,), dtype, value=1.0)
+    # Gemma stores the offset from 1: its identity scale is 0.
+    self.scale = param(rngs, (dim,), dtype, value=0.0 if kind == "rms_plus_one" else 1.0)
     if kind == "layer":
       self.bias = param(rngs, (dim,), dtype, value=0.0)
     self.kind, self.eps = kind, eps
@@ -43,6 +74,10 @@ class Norm(nnx.Module):
       # Normalise in float32, cast back, then scale (HF LlamaRMSNorm order).
       x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
       return self.scale[...] * x32.astype(x.dtype)
+    if self.kind == "rms_plus_one":
+      # Gemma's order: the scale applied in float32, one cast at the end.
+      x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+      return (x32 * (1.0 + self.scale[...].astype(jnp.float32))).astype(x.dtype)
     # torch's LayerNorm: statistics and the affine map in float32, one cast at the end.
     mean = jnp.mean(x32, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
@@ -66,11 +101,17 @@ def project(x, *kernels):
   return [p.reshape(*x.shape[:2], *w.shape[1:]) for p, w in zip(parts, kernels)]
 
 
-def rope_inv_freq(cfg) -> np.ndarray:
-  """Inverse frequencies [rotary_dim/2], float32, as HF computes them (incl. scaling)."""
+def rope_inv_freq(cfg, local: bool = False) -> np.ndarray:
+  """Inverse frequencies [rotary_dim/2], float32, as HF computes them (incl. scaling).
+
+  `local`: a sliding layer's, at cfg.local_rope_theta without scaling when the
+  architecture gives its sliding layers their own base (Gemma 3), else the global ones.
+  """
   h = cfg.rotary_dim
-  inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, h, 2, dtype=np.int64).astype(np.float32) / h))
-  s = cfg.rope_scaling
+  own = local and cfg.local_rope_theta is not None
+  theta = cfg.local_rope_theta if own else cfg.rope_theta
+  inv_freq = 1.0 / (theta ** (np.arange(0, h, 2, dtype=np.int64).astype(np.float32) / h))
+  s = None if own else cfg.rope_scaling
   if s is None:
     return inv_freq.astype(np.float32)
   if s.kind == "linear":
@@ -90,7 +131,8 @@ def rope_inv_freq(cfg) -> np.ndarray:
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
   """x [B,T,N,H] with its first 2 * len(inv_freq) dims of each head rotated by
-  positions [B,T] (all of them but for GPT-NeoX's partial rotary); angles in float32."""
+  positions [B,T] (all of them but for GPT-NeoX's partial rotary); angles in float32.
+  `inv_freq` is a constant, or a traced array (a layer's, inside the layer scan)."""
   rot = 2 * inv_freq.shape[0]
   x, rest = x[..., :rot], x[..., rot:]
   freqs = positions[..., None].astype(jnp.float32) * inv_freq  # [B,T,rot/2]

@@ -21,9 +21,10 @@ every trained sample.
 
 Long runs survive: a checkpoint holds the searchers' unmerged entries and
 cursors as well as the global buffer (a resume loses nothing committed); a
-searcher that raises is restarted (searcher_pool); SIGTERM on any host makes
-every host checkpoint at the same step and return; a host lost without notice
-stops the others within the heartbeat timeout, naming it (distributed).
+searcher that raises is restarted (searcher_pool); SIGTERM or Ctrl-C on any
+host makes every host checkpoint at the same step and return (interrupts); a
+host lost without notice stops the others within the heartbeat timeout, naming
+it (distributed).
 """
 from __future__ import annotations
 
@@ -31,17 +32,15 @@ import dataclasses
 import json
 import math
 import os
-import signal
-import threading
 import time
 
 import jax
 import numpy as np
 import tqdm
 
-from tba_jax import config_checks, distributed, faults, hf_checkpoints, lora, model, run_info
+from tba_jax import config_checks, distributed, faults, hf_checkpoints, interrupts, lora, model
 from tba_jax import batch as batch_lib
-from tba_jax import sharding, train_step
+from tba_jax import metrics, run_info, sharding, train_step
 from tba_jax import config_builders as build
 from tba_jax import weight_sync
 from tba_jax.checkpoint import Checkpointer
@@ -60,8 +59,6 @@ FINISHED_FILE = "finished.json"
 ADAPTER_DIR = "adapter"
 # eval.save_samples: every evaluation's completions, WORKDIR/eval_samples/step_NNNNNN.jsonl.
 SAMPLES_DIR = "eval_samples"
-# The held-out metric whose fall below its running peak is warned about (the first present).
-_PEAK_METRICS = ("eval/sampled_pass@1", "eval/greedy_pass@1")
 
 
 
@@ -103,6 +100,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   trainer_mesh, searcher_meshes, mode = build.meshes(c.mesh, c.sync.mode)
   tokenizer = build.load_tokenizer(c.model)
   task = task or build.build_task(c.task, tokenizer)
+  task.check()
   master32 = c.optim.master_weights_fp32 and c.model.dtype == "bfloat16"
   # params: what the trainer trains (the whole model, or LoRA adapters over the frozen base).
   model_cfg, params, base = build.load_policy(c.model, tokenizer,
@@ -139,7 +137,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       model_cfg, optimizer, build.loss_fn(c.loss), beta, trainer_mesh,
       temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
       num_microbatches=o.num_microbatches, remat=c.model.remat, lr_schedule=lr,
-      ref_weight_schedule=build.ref_weight_schedule(c.loss), learned_log_z=log_z)
+      ref_weight_schedule=build.ref_weight_schedule(c.loss), learned_log_z=log_z,
+      dropout=c.model.dropout, dropout_seed=c.seed)
   # LoRA: every update also reads the frozen base (never donated, never rebound).
   update = (lambda state, batch: train(state, batch, base)) if base else train
   batch_sharding = train_step.batch_shardings(trainer_mesh)
@@ -165,22 +164,22 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   def evaluate(params, step, wall_time=None):
     """Evaluates `params`, writes the scores and the evaluation's time; returns the scores."""
     start = time.perf_counter()
-    reference = None
+    reference = reference_config = None
     if task.evaluation is not None:  # a task's metrics may read the reference searcher 0 uses
       sr = pool.searchers[0]
+      reference_config = sr.ref_model_config  # with LoRA the base's, not the policy's
       reference = sr.ref_params if eval_index == 0 else jax.device_put(
-          sr.ref_params, sharding.param_shardings(sr.ref_model_config, "searcher", eval_mesh))
+          sr.ref_params, sharding.param_shardings(reference_config, "searcher", eval_mesh))
     scores = evaluator(publish(params, eval_index),
-                       jax.random.fold_in(jax.random.key(c.seed + 1), step), reference=reference)
+                       jax.random.fold_in(jax.random.key(c.seed + 1), step), reference=reference,
+                       reference_config=reference_config)
     metrics_writer.write(step, {**scores, "eval_seconds": time.perf_counter() - start},
                          wall_time=wall_time)
     if is_main and c.eval.save_samples:
       _write_samples(os.path.join(workdir, SAMPLES_DIR, f"step_{step:06d}.jsonl"),
                      evaluator.samples)
-    name = next((k for k in _PEAK_METRICS if k in scores), None)
-    if name is not None:
-      watch = peak_watches.setdefault(name, PeakWatch("held-out " + name))
-      warning = watch(step, scores[name], scores.get(name + "_se", 0.0))
+    if peak_watch is not None and headline[0] in scores:
+      warning = peak_watch(step, scores[headline[0]], scores.get(headline[0] + "_se", 0.0))
       if warning and is_main:
         tqdm.tqdm.write(warning)
     return scores
@@ -215,14 +214,13 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
                       {"step": step, "searchers": searchers,
                        "wall_time": metrics_writer.elapsed()}, config_dict, unmerged=unmerged)
 
-  def preempted(step, state, reference):
-    """SIGTERM on any process: every process saves this step and returns."""
+  def preempted(step, signum, state, reference):
+    """SIGTERM or Ctrl-C on any process: every process saves this step and returns."""
     save(step, state, reference)
-    hosts = " on every host" if jax.process_count() > 1 else ""
-    print(f"SIGTERM: saved a checkpoint at step {step} in {checkpointer.directory}; nothing "
-          f"the searchers finished is lost (work in flight is sampled again). Rerun the same "
-          f"command{hosts} with the same --workdir to resume.", flush=True)
-    return {"step": step, "terminated": True, **_buffer_summary(global_buffer)}
+    print(interrupts.saved_message(signum, step, checkpointer.directory, jax.process_count()),
+          flush=True)
+    return {"step": step, "terminated": True, "signal": interrupts.NAMES[signum],
+            **_buffer_summary(global_buffer)}
 
   def stop_if_a_searcher_failed(state, reference):
     if pool.failed():
@@ -247,10 +245,14 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   if is_main:
     print(run_info.banner(setup, workdir), flush=True)
   metrics_writer.start_segment(start_step, setup)
-  peak_watches: dict[str, PeakWatch] = {}
+  headline = [m.key for m in task.headline]
+  # Every later evaluation is shown against the starting policy's (step 0, maybe logged by
+  # an earlier segment of this run).
+  first_scores = metrics.evaluation(metrics_writer.path, 0) if is_main else {}
+  # A warning when the first headline metric (higher is better) falls well below its peak.
+  peak_watch = PeakWatch(f"held-out {headline[0]}") if headline else None
   training = start_step < c.num_train_steps  # else only the final evaluation is left
-  terminated = threading.Event()
-  previous_handler = _install_sigterm(terminated)
+  stop = interrupts.StopRequest(checkpointer.directory).install()
   fault = c.fault  # a testing aid (faults.py); None unless it asks this process to stop
   stop_here = (faults.ProcessStop(fault.stop_at_step, fault.stop_signal)
                if fault.stop_at_step and fault.stop_process == jax.process_index() else None)
@@ -259,7 +261,9 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   try:
     # ----- Evaluate the starting policy --------------------------------------------
     if start_step == 0:
-      evaluate(state.params, 0, wall_time=0.0)
+      first_scores = evaluate(state.params, 0, wall_time=0.0)
+      if is_main:
+        print(f"step 0: {metrics.summary(headline, {}, first_scores)}", flush=True)
 
     # ----- Pre-fill the buffer (a resumed run has its buffer back) ------------------
     if mode == "async" and training:
@@ -272,8 +276,9 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       else:
         search_round(c.buffer.num_prompts, state, reference)
       pool.merge(global_buffer)
-      if distributed.broadcast_flags(terminated.is_set())[0]:
-        return preempted(0, state, reference)  # a resume goes on pre-filling
+      signum, = distributed.broadcast_max(stop.signum)
+      if signum:
+        return preempted(0, signum, state, reference)  # a resume goes on pre-filling
     if start_step == 0:
       global_buffer.mark_sync()
     if mode == "async":
@@ -327,7 +332,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
           stop_if_a_searcher_failed(state, reference)
       if resets and (step + 1) % c.loss.ref_reset_every == 0:
         # Entries already sampled keep the reference log-probs they were scored with; a
-        # batch group can mix them with entries scored under the new reference (README).
+        # batch group can mix them with entries scored under the new reference (docs/configs.md).
         reference = weight_sync.snapshot(state.params, searcher_dtype)
         pool.set_reference(reference)
         if is_main:
@@ -339,11 +344,14 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       if done == b.freeze_step:  # the cap is saved with the buffer, so a resume keeps it
         global_buffer.freeze_size()
       row = {k: float(v) for k, v in m.items()}
+      fl = info["from_latest"]  # the m branch's slots; some drawn with replacement?
       row.update(step_seconds=dt, tokens_per_second=m["num_tokens"] / dt,
                  distinct_completions=distinct,
                  staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
                  staleness_hist=np.bincount(np.minimum(staleness, 16)).tolist(),
                  fraction_from_latest=info["num_from_latest"] / b.num_prompts,
+                 m_draws_with_replacement=float(info["with_replacement"][fl].mean())
+                 if fl.any() else 0.0,
                  trainer_idle_fraction=clock.waiting / max(clock.waiting + clock.busy, 1e-9),
                  sync_seconds=clock.sync, buffer_entries=len(global_buffer),
                  buffer_prompts=global_buffer.stats()["num_prompts"],
@@ -361,14 +369,16 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       due = (c.eval.every and done % c.eval.every == 0) or \
           (c.eval.every_seconds and time.perf_counter() - last_eval >= c.eval.every_seconds)
       # One collective for the flags: every process evaluates / stops at the same step.
-      terminate, out_of_time, due = distributed.broadcast_flags(terminated.is_set(), out_of_time,
-                                                                due)
+      signum, out_of_time, due = distributed.broadcast_max(stop.signum, out_of_time, due)
       last_step = done == c.num_train_steps or out_of_time
       if due and not last_step:
-        evaluate(state.params, done)
+        scores = evaluate(state.params, done)
         last_eval = time.perf_counter()
-      if terminate:
-        return preempted(done, state, reference)
+        if is_main:  # whether the run learns: the headline metrics since step 0
+          tqdm.tqdm.write(f"step {done}: {metrics.summary(headline, first_scores, scores)}")
+      if signum:
+        bar.close()  # the message on a line of its own
+        return preempted(done, signum, state, reference)
       if done % c.checkpoint.every == 0 or last_step:
         save(done, state, reference)
       if out_of_time:
@@ -377,6 +387,9 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     bar.close()
 
     # ----- Finish: final evaluation and export -------------------------------------------
+    # The last step is saved: a signal now only says so (a second Ctrl-C stops at once, and
+    # the rerun evaluates and exports).
+    stop.finishing = True
     final = evaluate(state.params, last)
     if c.export:
       _export(model_cfg.replace(dtype=c.model.dtype), state.params, tokenizer,
@@ -384,7 +397,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
               base_model=None if c.model.path == "random" else build.model_path(c.model.path))
     if is_main:
       _write_json(os.path.join(workdir, FINISHED_FILE), {"step": last, **final})
-      print(f"Finished at step {last}: " + ", ".join(f"{k} {v:.3f}" for k, v in final.items()))
+      print(f"Finished at step {last}: {metrics.summary(headline, first_scores, final)}")
     return {"step": last, **final, **_buffer_summary(global_buffer)}
   except (SearcherError, FloatingPointError):
     raise  # raised by every process at the same step
@@ -394,9 +407,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       raise
     raise lost from e
   finally:
+    stop.restore()
     pool.stop()
-    if previous_handler is not None:
-      signal.signal(signal.SIGTERM, previous_handler)
     metrics_writer.close()
     checkpointer.close()
 
@@ -425,12 +437,6 @@ def _to_global(batch, shardings):
   """The same numpy batch on every process -> global arrays on the trainer mesh."""
   return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
                       batch, shardings)
-
-
-def _install_sigterm(flag: threading.Event):
-  if threading.current_thread() is not threading.main_thread():
-    return None
-  return signal.signal(signal.SIGTERM, lambda *_: flag.set())
 
 
 def _finished(workdir: str) -> dict | None:

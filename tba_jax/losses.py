@@ -1,9 +1,11 @@
 """Objectives: sequence log-probs, the VarGrad trajectory-balance loss, baselines.
 
 Pure functions of arrays (no config objects), jit-safe with static shapes.
-Inputs are flat over the N = P prompts x R samples of a batch; which prompt a
-sequence belongs to is given by `group_ids` (any integers, any order, groups of
-any size >= 1), never by a reshape to [P, R], so every layout is handled.
+Inputs are flat over the N = P prompts x R samples of a batch; which group (the
+samples of one prompt whose log Z or baseline is shared: in the runtime, a batch
+slot, tba_jax/batch.py) a sequence belongs to is given by `group_ids` (any
+integers, any order, groups of any size >= 1), never by a reshape to [P, R], so
+every layout is handled.
 
 Trajectory balance (tba_spec.md section 2), per prompt x with completions y_j:
 
@@ -18,10 +20,11 @@ mean-baseline REINFORCE on the KL-penalised reward (paper appendix A).
 Switches (each defaults to the TBA paper's behaviour):
 - EOS token counted in log pi: `completion_mask(..., include_eos=True)`. The
   authors' code drops it when pad == eos; a clean setup counts it.
-- Importance-ratio clip (TBA-prime): `trajectory_balance(..., ratio_clip=c)`
-  weights each squared residual by stopgrad(min(pi_theta / pi_behaviour, c)).
-  Default None: TBA itself uses no importance weights. (For the RLOO and GRPO
-  baselines `ratio_clip` is PPO's eps instead: a different quantity.)
+- Importance-weight cap: `trajectory_balance(..., ratio_clip=c)` weights each
+  squared residual by stopgrad(min(pi_theta / pi_behaviour, c)). Default None: TBA
+  itself uses no importance weights, and neither does TBA-prime's TB (bbartoldson/
+  tba-prime at 115573d: its cap of 8 is the per-token ratio loss's, `ratio` below).
+  (For the RLOO and GRPO baselines `ratio_clip` is PPO's eps instead.)
 - beta schedule: `linear_beta` (the authors' anneal, with its (u - 1)
   convention and optional abrupt switch) or `constant_beta`.
 - Tempered target (red-teaming; Lee et al., GFNOrg/red-teaming gfn_trainer.py
@@ -29,13 +32,20 @@ Switches (each defaults to the TBA paper's behaviour):
   `ref_weight` = 1 / (gamma tau) on the reference term and beta tau in place of
   beta, both `linear_ramp`s of the step, applied when the batch is trained (so
   replayed samples get the current step's target, as Lee et al. recompute it).
-- Reference resetting (TBA-prime: every 50 steps) is a runtime matter, not a
-  loss option: the loop copies the trainer's params into the searchers'
+- log Z from the behaviour policy (TBA-prime's TB, bbartoldson/tba-prime
+  src/zeroband/train.py L273-281): `trajectory_balance(..., log_z_from_behaviour=True)`
+  takes VarGrad's estimate from the sampling policy's log-probs, -mean_j (log pi_b -
+  log pi_ref - r / beta), fixed per sample, instead of the current policy's; the
+  residuals then no longer sum to zero per prompt, which pulls log pi_theta toward
+  log pi_b on average (an implicit trust region).
+- Reference resetting (TBA-prime as tba_spec.md describes it: every 50 steps; not
+  in its code at 115573d) is a runtime matter, not a loss option: the loop copies the trainer's params into the searchers'
   reference params, and samples generated afterwards carry reference
   log-probs from the new reference. Nothing in this file changes.
 
 Baselines for comparison on the same batches: `rloo` (with `ratio_clip`: the
-paper's Proximal RLOO) and `grpo`.
+paper's Proximal RLOO), `grpo`, and `ratio`, TBA-prime's per-token ratio loss (its
+GRPO recipe's, tba-prime src/zeroband/training/loss.py L193-229).
 """
 from __future__ import annotations
 
@@ -99,7 +109,7 @@ def completion_mask(lengths: Array, ended: Array, num_columns: int,
 
 
 # ---------------------------------------------------------------------------
-# Grouping by prompt id.
+# Grouping by group id.
 # ---------------------------------------------------------------------------
 def group_index(group_ids: Array) -> Array:
   """[N] int32 in [0, N): the row of each sequence's first group member.
@@ -143,22 +153,33 @@ def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Arr
                        behaviour_logprobs: Array | None = None,
                        ratio_clip: float | None = None,
                        ref_weight: Array | float = 1.0,
-                       log_z: Array | None = None) -> tuple[Array, TBAux]:
+                       log_z: Array | None = None,
+                       log_z_from_behaviour: bool = False) -> tuple[Array, TBAux]:
   """VarGrad TB loss (module docstring); all inputs are per-sequence [N].
 
   `ref_weight` scales the reference term: d = log pi - ref_weight log pi_ref - r / beta.
   `log_z` [N], when given, is a learned log Z of each row's prompt (differentiated:
   TB as in Malkin et al. 2022) in place of the VarGrad estimate.
 
-  ratio_clip (TBA-prime, default None = off) weights each squared residual by
+  ratio_clip (default None = off) weights each squared residual by
   stopgrad(min(exp(policy - behaviour), ratio_clip)); needs behaviour_logprobs,
   the sequence log-probs of the policy version that sampled each completion.
   log Z stays the plain group mean of d.
+
+  log_z_from_behaviour (TBA-prime's TB): VarGrad's estimate from d with the
+  behaviour log-probs in place of the policy's (module docstring).
   """
   policy_logprobs = policy_logprobs.astype(jnp.float32)
-  d = policy_logprobs - ref_weight * ref_logprobs - rewards / beta
+  target = ref_weight * ref_logprobs + rewards / beta
+  d = policy_logprobs - target
   if log_z is None:
-    log_z = jax.lax.stop_gradient(-group_mean(d, group_ids))
+    if log_z_from_behaviour:
+      if behaviour_logprobs is None:
+        raise ValueError("log_z_from_behaviour needs behaviour_logprobs")
+      log_z = -group_mean(behaviour_logprobs - target, group_ids)
+    else:
+      log_z = -group_mean(d, group_ids)
+    log_z = jax.lax.stop_gradient(log_z)
   residuals = log_z + d
   weights = _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip)
   loss = jnp.mean(weights * residuals ** 2)
@@ -301,3 +322,45 @@ def grpo(policy_logprobs: Array, behaviour_logprobs: Array, ref_logprobs: Array,
       kl=jax.lax.stop_gradient(jnp.sum(jnp.where(counted, kl, 0.0)) / total_tokens),
       clip_fraction=jnp.sum(counted & (ratio != clipped)) / total_tokens)
   return jnp.mean(per_sequence), aux
+
+
+class RatioAux(NamedTuple):
+  advantages: Array     # [N] shaped reward minus its group mean
+  kl: Array             # scalar: mean of log pi_behaviour - log pi_ref (the shaping's KL)
+  ratio_mean: Array     # scalar: mean clipped ratio over counted tokens
+  clip_fraction: Array  # scalar: fraction of counted tokens with ratio above the clip
+
+
+def ratio(policy_logprobs: Array, behaviour_logprobs: Array, ref_logprobs: Array, mask: Array,
+          rewards: Array, group_ids: Array, beta: Array | float,
+          ratio_clip: float = 8.0) -> tuple[Array, RatioAux]:
+  """TBA-prime's per-token ratio loss (tba-prime src/zeroband/training/loss.py L193-229)
+  with PER-TOKEN log-probs [N, T] and mask [N, T].
+
+  A_j = R_j - mean_group R with R_j = r_j - beta (log pi_b - log pi_ref)(y_j), the
+  reward shaped by the KL the sample was drawn with (beta = 0: their "dr_grpo"
+  advantage r - mean r, tba-prime src/zeroband/inference/rewards.py L167-168; no
+  standard-deviation scaling). Each counted token t of y_j contributes
+  -min(rho_t, c) A_j with rho_t = pi_theta / pi_b of that token, differentiated (the
+  gradient is -rho_t A_j grad log pi_theta below the cap, 0 above it: their
+  clamp(exp(.), 0, c)); the loss is the mean over every counted token of the batch
+  (theirs divides each micro-batch's sum by its prompt + completion tokens).
+  Unlike GRPO there is no PPO min/clip pair: one cap, on the ratio only.
+  """
+  lp = policy_logprobs.astype(jnp.float32)
+  counted = mask > 0
+  log_ratio_ref = masked_sum(behaviour_logprobs, mask) - masked_sum(ref_logprobs, mask)
+  shaped = rewards - beta * log_ratio_ref
+  advantages = shaped - group_mean(shaped, group_ids)
+  # Capped in log space before exp (their clamp after exp overflows to inf for a large
+  # log-ratio); padding zeroed first so that it never produces a NaN gradient.
+  log_ratio = jnp.where(counted, lp - behaviour_logprobs, 0.0)
+  capped = jnp.exp(jnp.minimum(log_ratio, jnp.log(ratio_clip)))
+  per_token = -capped * jax.lax.stop_gradient(advantages)[:, None]
+  num_tokens = jnp.maximum(jnp.sum(counted), 1)
+  loss = jnp.sum(jnp.where(counted, per_token, 0.0)) / num_tokens
+  aux = RatioAux(
+      advantages=advantages, kl=jnp.mean(log_ratio_ref),
+      ratio_mean=jax.lax.stop_gradient(jnp.sum(jnp.where(counted, capped, 0.0)) / num_tokens),
+      clip_fraction=jnp.sum(counted & (log_ratio > jnp.log(ratio_clip))) / num_tokens)
+  return loss, aux

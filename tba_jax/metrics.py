@@ -19,7 +19,7 @@ import json
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Sequence
 
 
 def _clean(value: Any):
@@ -40,14 +40,14 @@ class MetricsWriter:
                config_dict: dict | None = None, enabled: bool = True, elapsed: float = 0.0):
     self.enabled = enabled
     self.start = time.time() - elapsed
+    self.path = os.path.join(workdir, "metrics.jsonl")
     self.tb = self.wandb = None
     self.file = None
     if not enabled:
       return
     os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "metrics.jsonl")
-    _drop_partial_last_line(path)
-    self.file = open(path, "a")
+    _drop_partial_last_line(self.path)
+    self.file = open(self.path, "a")
     if tensorboard:
       from tensorboardX import FileWriter  # no TensorFlow needed
       self.tb = FileWriter(os.path.join(workdir, "tensorboard"))
@@ -154,6 +154,38 @@ def read_jsonl(path: str) -> list[dict]:
         continue
       by_step.setdefault(step, {}).update(row)
   return [by_step[s] for s in sorted(by_step)]
+
+
+def read_setup(path: str) -> dict | None:
+  """The setup the latest segment of a run recorded (its first row's "run" field; run_info)."""
+  setup = None
+  with open(path) as f:
+    for line in f:
+      if '"run"' in line:
+        try:
+          setup = json.loads(line).get("run", setup)
+        except json.JSONDecodeError:  # a row cut by a kill
+          pass
+  return setup
+
+
+def evaluation(path: str, step: int) -> dict:
+  """The eval/ metrics logged at `step` in a metrics.jsonl ({} when there are none; a
+  non-finite value, stored as a string, is left out)."""
+  if not os.path.exists(path):
+    return {}
+  row = next((r for r in read_jsonl(path) if r["step"] == step), {})
+  return {k: v for k, v in row.items() if k.startswith("eval/") and isinstance(v, (int, float))}
+
+
+def summary(headline: Sequence[str], start: dict, now: dict) -> str:
+  """The metrics `now` for the console: each of the `headline` keys first, as `start ->
+  now` where `start` has it ("eval/win_rate 0.250 -> 0.750"), then the others."""
+  keys = [k for k in headline if k in now]
+  change = lambda k: f"{k} {start[k]:.3f} -> {now[k]:.3f}" if k in start else f"{k} {now[k]:.3f}"
+  parts = [", ".join(change(k) for k in keys),
+           ", ".join(f"{k} {now[k]:.3f}" for k in sorted(now) if k not in keys)]
+  return "; ".join(p for p in parts if p)
 
 
 class LatestFractionWatch:

@@ -1,13 +1,21 @@
-"""Decoder-only transformer: Llama 1/2/3, TinyLlama/RhoMath, SmolLM2, Mistral,
-Qwen2/2.5, GPT-NeoX (Pythia) and GPT-2, with an LM head or a sequence-classification
-head (reward models); `scores` and `embed` also dispatch to the encoders (encoder.py).
+"""Decoder-only transformer: Llama 1/2/3.x, TinyLlama/RhoMath, SmolLM2, Mistral,
+Qwen2/2.5, Qwen3, Gemma 3, GPT-NeoX (Pythia) and GPT-2, with an LM head or a
+sequence-classification head (reward models); `scores` and `embed` also dispatch to
+the encoders (encoder.py).
 
 One implementation, matching Hugging Face transformers to float32 round-off; the
 architectures differ only by ModelConfig switches: RMSNorm or LayerNorm, rotary
 embeddings in the rotate-half convention (llama3 / linear scaling; on a leading
 fraction of each head for GPT-NeoX) or learned absolute positions (GPT-2),
 grouped-query attention, optional biases, SwiGLU or plain GELU MLP, sequential or
-parallel residual (GPT-NeoX), tied or untied output embedding. With
+parallel residual (GPT-NeoX), tied or untied output embedding, and Gemma 3's /
+Qwen3's additions: a per-head norm on q and k, norms on the attention and MLP
+outputs, a scaled embedding, Gemma's (1 + w) RMSNorm, an attention scale, a logit
+softcap and sliding-window layers (their mask and rope base chosen per layer inside
+the layer scan, so the stacked layers stay one compiled body). With a
+`Dropout` (the training forward only; model.dropout), GPT-2's three dropouts on
+every architecture: the embeddings' output, the attention probabilities, and
+each attention and MLP output before its residual add. With
 `cfg.lora`, the targeted projections also carry low-rank adapters (nnx.LoRA,
 their leaves `.../q_lora/lora_a` and `lora_b`): x W + (alpha / rank) x A B, the
 update computed beside the frozen projection rather than merged into it, so the
@@ -16,7 +24,11 @@ trainer's gradient is only the adapters' (lora.py splits, merges and exports the
 The training forward and the cached decode step are one code path: a forward
 over T new tokens writes their keys/values at slots [index, index + T) of a
 key/value buffer and attends causally (by slot) over the valid slots. Without a
-cache the buffer is just the T new tokens (index 0).
+cache the buffer is just the T new tokens (index 0). A sliding layer's query at
+slot q also drops slots at or before q - window (transformers' kv > q - window: it
+sees itself and window - 1 earlier tokens); a row's real tokens occupy consecutive
+slots, so slot distance is token distance for left padding, right padding and
+continuous batching alike. Every layer keeps the full cache (no ring buffer).
 
 Layers are stacked along a leading axis and run with `nnx.scan` (one compiled
 layer body, fast compiles for 30-layer models). Parameters travel as plain
@@ -41,8 +53,8 @@ import numpy as np
 from flax import nnx
 
 from tba_jax import encoder as encoder_lib
-from tba_jax.layers import (ACTIVATION_FNS, Norm, apply_rope, mean_pool_normalized, param, project,
-                            rope_inv_freq)
+from tba_jax.layers import (ACTIVATION_FNS, Dropout, Norm, apply_rope, dropped,
+                            mean_pool_normalized, param, project, rope_inv_freq)
 from tba_jax.model_config import EncoderConfig, LoRAConfig, ModelConfig, RopeScaling  # noqa: F401 (re-exported)
 
 Params = dict[str, Any]
@@ -51,8 +63,8 @@ Params = dict[str, Any]
 # ---------------------------------------------------------------------------
 # Modules.
 # ---------------------------------------------------------------------------
-def _norm(cfg: ModelConfig, rngs: nnx.Rngs) -> Norm:
-  return Norm(cfg.dim, cfg.norm, cfg.norm_eps, cfg.jnp_dtype, rngs)
+def _norm(cfg: ModelConfig, rngs: nnx.Rngs, dim: int | None = None) -> Norm:
+  return Norm(dim or cfg.dim, cfg.norm, cfg.norm_eps, cfg.jnp_dtype, rngs)
 
 
 def input_dims(projection: str) -> int:
@@ -102,18 +114,23 @@ class Attention(nnx.Module):
       self.v_bias = param(rngs, (k, h), dt)
     if cfg.bias:
       self.o_bias = param(rngs, (d,), dt)
+    if cfg.qk_norm:
+      self.q_norm, self.k_norm = _norm(cfg, rngs, h), _norm(cfg, rngs, h)
     self.cfg = cfg
     _add_adapters(self, cfg, "attn", rngs)
 
-  def __call__(self, x, positions, mask, kv, index):
+  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None):
     """x [B,T,D]; mask [B,T,S]; kv = None, or (k, v, layer): the stacked cache
-    buffers [L,B,K,S,H] and this layer's index into them."""
+    buffers [L,B,K,S,H] and this layer's index into them; inv_freq: this layer's
+    rotary frequencies (None: no rope); `dropout` on the attention probabilities
+    (site 0)."""
     q, k, v = project(x, self.q[...], self.k[...], self.v[...])  # [B,T,N,H], [B,T,K,H] x 2
     q, k, v = _adapted(self, "attn", x, q=q, k=k, v=v)
     if self.cfg.qkv_bias:
       q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-    if self.cfg.position_embedding == "rope":
-      inv_freq = rope_inv_freq(self.cfg)
+    if self.cfg.qk_norm:  # per head, over H, before the rotation (Qwen3, Gemma 3)
+      q, k = self.q_norm(q), self.k_norm(k)
+    if inv_freq is not None:
       q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
     if kv is not None:
       # Write only the T new keys/values, in place, at the layer's slots from
@@ -124,10 +141,14 @@ class Attention(nnx.Module):
       k_all, k = _cache_write_read(k_all, layer, index, k, mask.shape[-1])
       v_all, v = _cache_write_read(v_all, layer, index, v, mask.shape[-1])
       kv = (k_all, v_all, layer)
-      out = _cached_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask)
+      out = _cached_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask, self.cfg.attn_scale,
+                              dropout)
+    elif dropout is not None:  # the fused kernel cannot drop probabilities: the same math
+      out = _cached_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask, self.cfg.attn_scale,
+                              dropout)
     else:
       # XLA's reference attention on CPU (exact); cuDNN/TPU kernels elsewhere.
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=self.cfg.attn_scale)
     [out] = _adapted(self, "attn", out, o=jnp.einsum("BTNH,NHD->BTD", out, self.o[...]))
     return (out + self.o_bias[...] if self.cfg.bias else out), kv
 
@@ -160,9 +181,10 @@ def _row_slots(index, b: int, t: int):
   return jnp.arange(b)[:, None], index[:, None] + jnp.arange(t)
 
 
-def _cached_attention(q, k, v, mask):
+def _cached_attention(q, k, v, mask, scale=None, dropout=None):
   """jax.nn.dot_product_attention's math (float32 softmax, same mask fill) over
-  cache slots: q [B,T,N,H], k/v [B,K,S,H], mask [B,T,S] -> [B,T,N,H].
+  cache slots: q [B,T,N,H], k/v [B,K,S,H], mask [B,T,S] -> [B,T,N,H]; logits
+  times `scale` (None: H ** -0.5); `dropout` on the probabilities (site 0).
 
   Used for cached (sampling) calls. The cache is stored kv-head-major so both
   einsums are batched over (B, K) with those axes leading in every operand:
@@ -171,9 +193,9 @@ def _cached_attention(q, k, v, mask):
   b, t, n, h = q.shape
   q = q.reshape(b, t, k.shape[1], n // k.shape[1], h)  # query head n = kv head * G + g
   logits = jnp.einsum("BTKGH,BKSH->BKGTS", q, k, preferred_element_type=jnp.float32)
-  logits = logits * (h ** -0.5)
+  logits = logits * (h ** -0.5 if scale is None else scale)
   logits = jnp.where(mask[:, None, None], logits, -0.7 * jnp.finfo(jnp.float32).max)
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  probs = dropped(jax.nn.softmax(logits, axis=-1), dropout, 0).astype(v.dtype)
   out = jnp.einsum("BKGTS,BKSH->BKGTH", probs, v)
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
@@ -217,14 +239,20 @@ class Block(nnx.Module):
     self.attn = Attention(cfg, rngs)
     self.mlp_norm = _norm(cfg, rngs)
     self.mlp = MLP(cfg, rngs)
-    self.parallel = cfg.parallel_residual
+    if cfg.post_norms:  # Gemma: each branch's output normed before it joins the residual
+      self.attn_post_norm, self.mlp_post_norm = _norm(cfg, rngs), _norm(cfg, rngs)
+    self.parallel, self.post_norms = cfg.parallel_residual, cfg.post_norms
 
-  def __call__(self, x, positions, mask, kv, index):
-    h, kv = self.attn(self.attn_norm(x), positions, mask, kv, index)
+  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None):
+    h, kv = self.attn(self.attn_norm(x), positions, mask, kv, index, inv_freq, dropout)
+    if self.post_norms:
+      h = self.attn_post_norm(h)
+    h = dropped(h, dropout, 1)  # GPT-2's resid_pdrop, after each output projection
     if self.parallel:  # both branches read the block's input (GPT-NeoX)
-      return x + h + self.mlp(self.mlp_norm(x)), kv
+      return x + h + dropped(self.mlp(self.mlp_norm(x)), dropout, 2), kv
     x = x + h
-    return x + self.mlp(self.mlp_norm(x)), kv
+    h = self.mlp(self.mlp_norm(x))
+    return x + dropped(self.mlp_post_norm(h) if self.post_norms else h, dropout, 2), kv
 
 
 class Transformer(nnx.Module):
@@ -248,11 +276,12 @@ class Transformer(nnx.Module):
       self.lm_head = param(rngs, (cfg.dim, cfg.vocab_size), cfg.jnp_dtype, fan_in=cfg.dim)
 
   def __call__(self, tokens, positions, token_mask, cache: KVCache | None = None,
-               remat: bool = False):
+               remat: bool = False, dropout: Dropout | None = None):
     """Hidden states [B,T,D] after the final norm, and the updated cache.
 
     tokens, positions [B,T] int; token_mask [B,T] (1 = real token). With a cache,
-    the T tokens occupy slots [cache.index, cache.index + T).
+    the T tokens occupy slots [cache.index, cache.index + T). `dropout`: the
+    module docstring's (None: none, and no operation added).
     """
     t = tokens.shape[1]
     if cache is None:
@@ -267,13 +296,23 @@ class Transformer(nnx.Module):
     k_slot = jnp.arange(window)
     mask = ((k_slot <= q_slot) & kv_mask[:, None, :window]) | (k_slot == q_slot)
 
+    cfg = self.cfg
     x = self.embed[...][tokens]
-    if self.cfg.position_embedding == "learned":
+    if cfg.embed_scale:  # sqrt(D) rounded to the model dtype first, as transformers' Gemma
+      x = x * np.float32(math.sqrt(cfg.dim)).astype(x.dtype)
+    if cfg.position_embedding == "learned":
       x = x + self.pos_embed[...][positions]
+    x = dropped(x, dropout, 0)  # GPT-2's embd_pdrop
+    inv_freq = rope_inv_freq(cfg) if cfg.position_embedding == "rope" else None
 
-    def layer(carry, block):
+    def layer(carry, block, key, *per_layer):  # key: this layer's dropout key, or None
       x, kv = carry
-      x, kv = block(x, positions, mask, kv, index)
+      m, f = mask, inv_freq
+      if per_layer:  # this layer's mask and rope (sliding / global)
+        [per] = per_layer
+        m = jnp.where(per["sliding"], mask & (k_slot > q_slot - cfg.sliding_window), mask)
+        f = None if inv_freq is None else per["inv_freq"]
+      x, kv = block(x, positions, m, kv, index, f, None if key is None else dropout.at(key))
       if kv is not None:
         kv = (kv[0], kv[1], kv[2] + 1)  # the next layer's index
       return x, kv
@@ -281,7 +320,11 @@ class Transformer(nnx.Module):
     if remat:
       layer = nnx.remat(layer)
     kv = None if cache is None else (cache.k, cache.v, jnp.zeros((), jnp.int32))
-    x, kv = nnx.scan(layer, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)((x, kv), self.layers)
+    keys = None if dropout is None else dropout.layer_keys(cfg.num_layers)
+    xs, in_axes = (self.layers, keys), (nnx.Carry, 0, 0)
+    if cfg.sliding_layers:
+      xs, in_axes = (*xs, _per_layer_attention(cfg)), (*in_axes, 0)
+    x, kv = nnx.scan(layer, in_axes=in_axes, out_axes=nnx.Carry)((x, kv), *xs)
     if cache is not None:
       cache = dataclasses.replace(cache, k=kv[0], v=kv[1], mask=kv_mask, index=index + t)
     return self.final_norm(x), cache
@@ -293,10 +336,12 @@ class Transformer(nnx.Module):
                        f"model (num_labels={self.cfg.num_labels}) without an LM head: use "
                        "model.scores, not logits or the sampler")
     if self.cfg.tie_embeddings:
-      return jnp.einsum("...D,VD->...V", hidden, self.embed[...],
-                        preferred_element_type=jnp.float32)
-    return jnp.einsum("...D,DV->...V", hidden, self.lm_head[...],
-                      preferred_element_type=jnp.float32)
+      out = jnp.einsum("...D,VD->...V", hidden, self.embed[...], preferred_element_type=jnp.float32)
+    else:
+      out = jnp.einsum("...D,DV->...V", hidden, self.lm_head[...],
+                       preferred_element_type=jnp.float32)
+    c = self.cfg.final_logit_softcap
+    return out if c is None else c * jnp.tanh(out / c)
 
   def classify(self, hidden, read_mask):
     """Float32 scores [B,C] read at each row's rightmost token with read_mask
@@ -305,6 +350,16 @@ class Transformer(nnx.Module):
     last = jnp.argmax(jnp.arange(hidden.shape[1]) * read_mask, axis=-1)
     h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]  # [B,D]
     return jnp.einsum("BD,DC->BC", h, self.score[...], preferred_element_type=jnp.float32)
+
+
+def _per_layer_attention(cfg: ModelConfig) -> dict:
+  """What differs between sliding and global layers, stacked [L, ...] for the layer
+  scan: whether the layer slides, and its rotary frequencies [L, rotary_dim / 2]."""
+  sliding = np.isin(np.arange(cfg.num_layers), cfg.sliding_layers)
+  out = {"sliding": jnp.asarray(sliding)}
+  if cfg.position_embedding == "rope":
+    out["inv_freq"] = jnp.asarray(np.stack([rope_inv_freq(cfg, local=s) for s in sliding]))
+  return out
 
 
 # ---------------------------------------------------------------------------
@@ -386,9 +441,9 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
 
 
 def forward(cfg: ModelConfig, params: Params, tokens, positions, token_mask,
-            cache: KVCache | None = None, remat: bool = False):
+            cache: KVCache | None = None, remat: bool = False, dropout: Dropout | None = None):
   """(hidden [B,T,D], cache) — the shared training/decoding forward."""
-  return bind(cfg, params)(tokens, positions, token_mask, cache, remat)
+  return bind(cfg, params)(tokens, positions, token_mask, cache, remat, dropout)
 
 
 def unembed(cfg: ModelConfig, params: Params, hidden) -> jax.Array:

@@ -1,9 +1,9 @@
 """Architecture configs (hashable dataclasses: static arguments of jitted functions).
 
-  ModelConfig    a decoder-only transformer: the Llama family (Llama 1/2/3,
-                 TinyLlama/RhoMath, SmolLM2, Mistral), Qwen2, GPT-NeoX (Pythia)
-                 and GPT-2, as one block with switches; with an LM head or a
-                 sequence-classification head (reward models).
+  ModelConfig    a decoder-only transformer: the Llama family (Llama 1/2/3.x,
+                 TinyLlama/RhoMath, SmolLM2, Mistral), Qwen2, Qwen3, Gemma 3,
+                 GPT-NeoX (Pythia) and GPT-2, as one block with switches; with an
+                 LM head or a sequence-classification head (reward models).
   EncoderConfig  a BERT / RoBERTa encoder, with or without its
                  sequence-classification head (classifiers, sentence embeddings).
   LoRAConfig     low-rank adapters on a decoder's projections (ModelConfig.lora).
@@ -15,6 +15,9 @@ import dataclasses
 import jax.numpy as jnp
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+# "rms": RMSNorm scaled by w (Llama); "rms_plus_one": by (1 + w), in float32 (Gemma);
+# "layer": LayerNorm (GPT-NeoX, GPT-2).
+NORMS = ("rms", "rms_plus_one", "layer")
 # Projections LoRA can adapt, by our parameter names: attention q/k/v/o, MLP gate/up/down.
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -83,7 +86,11 @@ class ModelConfig(_Config):
   """Architecture of a decoder-only transformer. The defaults are the Llama family;
   GPT-NeoX sets norm="layer", parallel_residual, rotary_fraction=0.25,
   activation="gelu", gated_mlp=False, qkv_bias and bias; GPT-2 the same but
-  position_embedding="learned", sequential residual, activation="gelu_tanh"."""
+  position_embedding="learned", sequential residual, activation="gelu_tanh".
+  Qwen3 sets qk_norm; Gemma 3 norm="rms_plus_one", qk_norm, post_norms,
+  embed_scale, activation="gelu_tanh", attn_scale, and sliding_window over
+  sliding_layers with local_rope_theta (Mistral v0.1 and Qwen2's optional window:
+  sliding_window over some or all layers, one rope)."""
   vocab_size: int
   dim: int
   mlp_dim: int
@@ -101,7 +108,7 @@ class ModelConfig(_Config):
   model_type: str = "llama"  # the HF model_type written on export
   bos_token_id: int | None = None
   eos_token_id: int | None = None
-  norm: str = "rms"  # "rms" (RMSNorm: scale) or "layer" (LayerNorm: scale and bias)
+  norm: str = "rms"  # NORMS: "rms", "rms_plus_one" (Gemma) or "layer" (LayerNorm)
   parallel_residual: bool = False  # x + attn(norm1 x) + mlp(norm2 x) (GPT-NeoX)
   position_embedding: str = "rope"  # "rope", or "learned" absolute positions added to the input
   rotary_fraction: float = 1.0  # leading fraction of each head's dims that rotate (Pythia: 0.25)
@@ -111,14 +118,30 @@ class ModelConfig(_Config):
   num_labels: int = 0  # 0: LM head (logits); n > 0: a sequence-classification head [D, n]
   pad_token_id: int | None = None  # without a mask, scores() read at the last non-pad token
   lora: LoRAConfig | None = None  # low-rank adapters on the projections (None: none)
+  qk_norm: bool = False  # a per-head norm (cfg.norm, over H) on q and k before rope (Qwen3, Gemma 3)
+  post_norms: bool = False  # the attention and MLP outputs normed before each residual add (Gemma 3)
+  embed_scale: bool = False  # token embeddings times sqrt(dim), in the model dtype (Gemma)
+  attn_scale: float | None = None  # attention logits q.k times this (None: head_dim ** -0.5)
+  final_logit_softcap: float | None = None  # logits = c tanh(logits / c) (None: off)
+  sliding_window: int = 0  # > 0: the sliding layers' queries see their last this-many tokens
+  sliding_layers: tuple[int, ...] = ()  # indices of the layers with the sliding window
+  local_rope_theta: float | None = None  # sliding layers' rope base, unscaled (None: as global)
 
   def __post_init__(self):
     self._check_common()
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
                        f"num_kv_heads={self.num_kv_heads}")
-    if self.norm not in ("rms", "layer"):
-      raise ValueError(f"norm must be 'rms' or 'layer', got {self.norm!r}")
+    if self.norm not in NORMS:
+      raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+    if self.sliding_window < 0 or bool(self.sliding_window) != bool(self.sliding_layers):
+      raise ValueError(f"sliding_window={self.sliding_window} with sliding_layers="
+                       f"{self.sliding_layers}: give both (a window > 0 and its layers) or neither")
+    if any(not 0 <= i < self.num_layers for i in self.sliding_layers):
+      raise ValueError(f"sliding_layers={self.sliding_layers}: indices must lie in "
+                       f"[0, {self.num_layers})")
+    if self.local_rope_theta is not None and not self.sliding_layers:
+      raise ValueError("local_rope_theta needs sliding_layers (the layers it applies to)")
     if self.position_embedding not in ("rope", "learned"):
       raise ValueError(f"position_embedding must be 'rope' or 'learned', got "
                        f"{self.position_embedding!r}")

@@ -22,13 +22,19 @@ every latest prompt was taken, `reuse_latest=True` starts another pass over them
 drawn), so the slots that picked the m branch keep training on the freshest data
 when the searchers fall behind; `reuse_latest=False` sends those slots to the
 any-prompt branch instead (counted in info["num_latest_fallback"]). A batch never
-holds a latest prompt twice (the loss groups rows by prompt id, so a repeat would
-merge two groups into one of 2K); a slot with none left for it falls back too.
+holds a latest prompt twice (distinct prompts carry more information; a prompt
+in two slots would be two groups of K, batch.py); a slot with none left for it
+falls back too.
 
-The m branch draws its K entries uniformly from the prompt's newest generation
-(the entries sampled under the prompt's newest policy version, i.e. its latest
-search batch: the authors' CommentBuffer.get_batch draws from its n_online
-newest items), never from older ones.
+The m branch draws its K entries uniformly from the prompt's newest generation:
+the entries it received in the sync window of its newest entry (the authors'
+CommentBuffer.get_batch draws from its n_online items, those merged since the
+trainer iteration last changed: buffer_utils.py L26-31, L46-48, L76-83), never
+from older ones, without replacement when there are at least K. A window holds
+whole search batches (a searcher commits a prompt's S samples together, and a
+merge ships what was committed), so a streaming searcher's group whose rows
+started under two policy versions is one generation, and a red-teaming prompt's
+generation is every attack merged at its latest sync.
 
 Staleness enters here: every entry keeps the policy version that sampled it,
 and `sample` returns those versions per row; the loop turns them into metrics.
@@ -48,9 +54,11 @@ thousands, as Lee's (1k-5k), not TBA's 100k.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import heapq
+import itertools
 import json
 import threading
 from typing import Iterable, Sequence
@@ -67,7 +75,7 @@ PRIORITIES = ("reward", "log_target")
 # The variable-length arrays of state_dict, in the order of its `sizes` array.
 _STATE_ARRAYS = (("seq", "length") + tuple(n for n, _ in SCALAR_FIELDS + PER_TOKEN_FIELDS) +
                  ("prompt_table_ids", "prompt_table_lens", "prompt_table_tokens", "pending",
-                  "latest", "latest_left"))
+                  "latest", "latest_left", "windows"))
 
 
 def entry_probs(rewards: np.ndarray, tau: float, reward_weight: float) -> np.ndarray:
@@ -140,6 +148,9 @@ class ReplayBuffer:
     self._pending: set[int] = set()  # prompts refreshed since the last mark_sync
     self._latest: list[int] = []     # prompts refreshed at the latest sync (sorted)
     self._latest_left: list[int] = []  # those not yet taken by the m branch (sorted)
+    # The first seq of each sync window after the first (one per mark_sync that closed a
+    # window with new entries): window j holds seqs [windows[j - 1], windows[j]).
+    self._windows: list[int] = []
     self._num_syncs = self._num_added = self._num_replaced = self._num_evicted = 0
     self._num_near_duplicates = 0  # entries not added: a near duplicate ranked as high
     self._reward_sum, self._length_sum, self._version_sum = 0.0, 0, 0
@@ -261,8 +272,14 @@ class ReplayBuffer:
         self._latest = sorted(self._pending)
         self._latest_left = list(self._latest)
         self._pending.clear()
+        self._windows.append(self._next_seq)
       self._num_syncs += 1
       return len(self._latest)
+
+  def _window_start(self, seq: int) -> int:
+    """The first seq of the sync window that holds `seq`."""
+    i = bisect.bisect_right(self._windows, seq)
+    return self._windows[i - 1] if i else 0
 
   def drain_new(self) -> list[Entry]:
     """Entries added since the previous drain that are still held, oldest first.
@@ -324,8 +341,8 @@ class ReplayBuffer:
     Each slot independently takes the m branch with probability m: a latest
     prompt not yet taken in this sync window (once all were taken: another pass
     with `reuse_latest`, else the any-prompt branch) and K entries drawn
-    uniformly from its newest generation. Otherwise the any-prompt branch: a
-    uniformly chosen prompt not already in this batch (any prompt once all are
+    uniformly from its newest generation (module docstring). Otherwise the
+    any-prompt branch: a uniformly chosen prompt not already in this batch (any prompt once all are
     in it) and K entries drawn by `entry_probs(rewards, reward_tau,
     reward_weight)`. Either branch draws without replacement unless there are
     fewer than K entries to draw from.
@@ -360,8 +377,9 @@ class ReplayBuffer:
       info = {"num_latest_left": len(latest_left), "sync_index": self._num_syncs}
     # Entries are immutable, so the arrays are built outside the lock.
     rows = [item for s in slots for item in s[3]]
+    # One group per slot (batch.py): a prompt drawn into two slots is two groups of K.
     batch = batch_lib.from_entries([e for _, e in rows], max_prompt_len, max_completion_len,
-                                   pad_id, include_eos)
+                                   pad_id, include_eos, np.repeat(np.arange(num_prompts), k))
     from_latest = np.array([s[1] for s in slots], bool)
     info.update(prompt_ids=np.array([s[0] for s in slots], np.int64), from_latest=from_latest,
                 with_replacement=np.array([s[2] for s in slots], bool),
@@ -385,16 +403,16 @@ class ReplayBuffer:
         fallback += 1
         continue
       pid = latest_left.pop(free[int(rng.integers(len(free)))])
-      items = list(self._entries[pid].values())
-      newest = max(e.version for _, e in items)
-      generation = [item for item in items if item[1].version == newest]
+      per = self._entries[pid]  # in seq order: the newest last
+      start = self._window_start(next(reversed(per.values()))[0])
+      generation = list(itertools.takewhile(lambda item: item[0] >= start,
+                                            reversed(per.values())))[::-1]
       idx, replaced = _draw(np.full(len(generation), 1.0 / len(generation)), k, rng)
       # Buffer order within the slot (a uniform draw's order carries no information).
       slots[i] = (pid, True, replaced, [generation[j] for j in np.sort(idx)])
       in_batch.add(pid)
     everyone = sorted(self._entries)
-    # Distinct prompts per batch while possible: the loss groups rows by prompt id, so a
-    # repeated prompt would silently merge two groups into one of 2K.
+    # Distinct prompts per batch while possible (a repeat is a second group of K: batch.py).
     others = [p for p in everyone if p not in in_batch]
     for i in range(num_prompts):
       if slots[i] is not None:
@@ -423,7 +441,7 @@ class ReplayBuffer:
           prompt_table_lens=([self._prompts[p].size for p in pids], np.int64),
           prompt_table_tokens=(_cat([self._prompts[p] for p in pids]), np.int32),
           pending=(sorted(self._pending), np.int64), latest=(self._latest, np.int64),
-          latest_left=(self._latest_left, np.int64))
+          latest_left=(self._latest_left, np.int64), windows=(self._windows, np.int64))
       # Orbax refuses zero-size arrays, so each variable-length array carries one trailing
       # dummy element and its true size is recorded in `sizes`.
       state = {"sizes": np.array([len(arrays[n][0]) for n in _STATE_ARRAYS], np.int64)}
@@ -460,6 +478,10 @@ class ReplayBuffer:
        self._num_evicted) = np.asarray(state["counters"]).tolist()
       if "max_entries" in state:  # absent in states saved before freeze_size existed
         self.max_entries = int(np.asarray(state["max_entries"])[0]) or None
+      # States saved before windows were kept: what they hold is one window (the m branch
+      # then draws from all of a latest prompt's entries until its next refresh).
+      self._windows = (s["windows"].tolist() if "windows" in s else
+                       [self._next_seq] if self._next_seq else [])
       self._rng.bit_generator.state = json.loads(np.asarray(state["rng_state"]).tobytes())
 
 

@@ -9,6 +9,7 @@ metrics.jsonl row (metrics.MetricsWriter.start_segment).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
@@ -65,9 +66,12 @@ def describe(c, *, trainer_mesh, searcher_meshes, mode: str, model_config, num_p
                 "dim": model_config.dim, "vocab": model_config.vocab_size,
                 "dtype": c.model.dtype, "master_dtype": str(model_config.dtype),
                 "searcher_dtype": c.sync.weights_dtype or c.model.dtype, **lora_info},
-      "task": {"name": c.task.name, "train_problems": len(task.train),
+      # The task's own name (a Task passed to loop.run has one), and what shows whether
+      # the run learned, for the plot tool (experiments/plot.py).
+      "task": {"name": task.name, "train_problems": len(task.train),
                "test_problems": len(task.test), "eval_problems": num_eval_problems,
-               "eval_devices": c.eval.devices},
+               "eval_devices": c.eval.devices,
+               "metrics": [dataclasses.asdict(m) for m in (task.reward_metric, *task.headline)]},
       "batch": {"prompts": b.num_prompts, "samples_per_prompt": b.samples_per_prompt,
                 "m": b.m, "sync_every": c.sync.every, "searcher_prompts": s.num_prompts_per_batch,
                 "searcher_samples_per_prompt": s.num_samples_per_prompt,
@@ -75,6 +79,15 @@ def describe(c, *, trainer_mesh, searcher_meshes, mode: str, model_config, num_p
       "steps": {"from": start_step, "to": c.num_train_steps},
       **schedules(c, beta_at, lr_at),
   }
+
+
+def count(n: int) -> str:
+  """A parameter count to 3 significant digits: 41.2K, 135M, 1.24B."""
+  rounded = float(f"{n:.3g}")  # first, so that 999,999 reads 1M, not 1e+03K
+  for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+    if rounded >= scale:
+      return f"{rounded / scale:g}{suffix}"
+  return str(n)
 
 
 def banner(setup: dict, workdir: str) -> str:
@@ -99,10 +112,10 @@ def banner(setup: dict, workdir: str) -> str:
       f"per process x {sr['devices_each']} device(s){shared}",
       f"  mode      {mode}" + (f"\n            NOTE: {setup['mode_note']}" if setup["mode_note"]
                                else ""),
-      f"  model     {m['path']} ({m['type']}, {m['parameters'] / 1e6:.1f}M parameters, "
+      f"  model     {m['path']} ({m['type']}, {count(m['parameters'])} parameters, "
       f"{m['layers']} layers); trainer {m['master_dtype']}, searchers {m['searcher_dtype']}",
       *([f"  lora      rank {m['lora']['rank']}, alpha {m['lora']['alpha']:g} on "
-         f"{m['lora']['targets']}: {m['lora']['trained_parameters'] / 1e6:.2f}M parameters "
+         f"{m['lora']['targets']}: {count(m['lora']['trained_parameters'])} parameters "
          f"trained ({m['lora']['dtype']}), the base frozen"] if "lora" in m else []),
       f"  task      {ta['name']}: {ta['train_problems']} train / {ta['test_problems']} test "
       f"problems, {ta['eval_problems']} evaluated on the {ta['eval_devices']}'s devices",

@@ -42,6 +42,10 @@ _DIMS = {
     "layers/attn_norm/bias": "LD",
     "layers/mlp_norm/scale": "LD",
     "layers/mlp_norm/bias": "LD",
+    "layers/attn_post_norm/scale": "LD",  # Gemma's norms of the attention / MLP outputs
+    "layers/mlp_post_norm/scale": "LD",
+    "layers/attn/q_norm/scale": "LH",  # Qwen3's / Gemma's per-head q and k norms (H: never sharded)
+    "layers/attn/k_norm/scale": "LH",
     "layers/attn/q": "LDNH",
     "layers/attn/k": "LDKH",
     "layers/attn/v": "LDKH",

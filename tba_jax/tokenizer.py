@@ -77,15 +77,26 @@ class Tokenizer:
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-  def chat_prompt(self, user_text: str, system: str | None = None) -> str:
+  def chat_prompt(self, user_text: str, system: str | None = None,
+                  thinking: bool | None = None) -> str:
     """The chat template applied to one user turn, ending where the reply starts.
 
     With `system=None` the template may insert its own default system prompt.
+    `thinking`: the template's reasoning switch (Qwen3's `enable_thinking`: False
+    opens the reply with an empty <think></think> block); None leaves the template's
+    default. A template without the switch refuses True / False.
     """
     messages = [{"role": "user", "content": user_text}]
     if system is not None:
       messages.insert(0, {"role": "system", "content": system})
-    return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    switch = {}
+    if thinking is not None:
+      if "enable_thinking" not in (self.hf.chat_template or ""):
+        raise ValueError(f"thinking={thinking}: this tokenizer's chat template has no thinking "
+                         "switch (enable_thinking); leave it at the template's default")
+      switch = {"enable_thinking": thinking}
+    return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                       **switch)
 
   def save_pretrained(self, out_dir: str) -> None:
     """The tokenizer files and a generation_config.json with every EOS id, beside a model.
@@ -113,7 +124,8 @@ def _wrap(hf, extra_eos: Sequence[int] = (), add_bos: str = "auto") -> Tokenizer
 def _chat_end_ids(hf) -> list[int]:
   # Chat models end a turn with a marker that is not always the EOS token.
   vocab = hf.get_vocab()
-  return [vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>") if t in vocab]
+  ends = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>")  # ... Gemma's
+  return [vocab[t] for t in ends if t in vocab]
 
 
 def from_pretrained(path_or_repo_id: str, add_bos: str = "auto") -> Tokenizer:

@@ -35,7 +35,7 @@ beta schedules: the authors step their scheduler before each update
 warmup already moves (optax counts from 0; make_optimizer shifts by one).
 
 Loss functions share one signature (`LossFn`) so the same update trains with
-TB (`tb_loss`) or the baselines (`rloo_loss`, `grpo_loss`); their switches are
+TB (`tb_loss`) or the baselines (`rloo_loss`, `grpo_loss`, `ratio_loss`); their switches are
 keyword-only, bound with functools.partial.
 """
 from __future__ import annotations
@@ -50,6 +50,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tba_jax import lora, losses, model, sharding
 from tba_jax.batch import TrainBatch  # noqa: F401  (re-exported: train_step.TrainBatch)
+from tba_jax.layers import Dropout
 from tba_jax.model import ModelConfig, Params
 
 
@@ -99,11 +100,14 @@ def _sequence_loss(loss, token_logprobs, batch, beta, ratio_clip, **kw):
 
 def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
             ratio_clip: float | None = None, ref_weight: jax.Array | float = 1.0,
-            log_z: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+            log_z: jax.Array | None = None,
+            log_z_from_behaviour: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
   """VarGrad TB on sequence sums over completion_mask (losses.trajectory_balance);
-  `log_z` [N]: a learned log Z per row instead."""
+  `log_z` [N]: a learned log Z per row instead; log_z_from_behaviour: VarGrad's
+  estimate from the behaviour log-probs (TBA-prime)."""
   loss, aux = _sequence_loss(losses.trajectory_balance, token_logprobs, batch, beta, ratio_clip,
-                             ref_weight=ref_weight, log_z=log_z)
+                             ref_weight=ref_weight, log_z=log_z,
+                             log_z_from_behaviour=log_z_from_behaviour)
   return loss, {"log_z_mean": jnp.mean(aux.log_z), "kl": aux.kl,
                 "ratio_weight_mean": jnp.mean(aux.weights)}
 
@@ -114,6 +118,16 @@ def rloo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
   loss, aux = _sequence_loss(losses.rloo, token_logprobs, batch, beta, ratio_clip)
   return loss, {"kl": aux.kl, "advantage_abs_mean": jnp.mean(jnp.abs(aux.advantages)),
                 "clip_fraction": aux.clip_fraction}
+
+
+def ratio_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
+               ratio_clip: float = 8.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """TBA-prime's per-token ratio loss (losses.ratio) on per-token log-probs."""
+  loss, aux = losses.ratio(token_logprobs, batch.behaviour_logprobs, batch.ref_logprobs,
+                           batch.completion_mask, batch.rewards, batch.group_ids, beta,
+                           ratio_clip=ratio_clip)
+  return loss, {"kl": aux.kl, "ratio_mean": aux.ratio_mean, "clip_fraction": aux.clip_fraction,
+                "advantage_abs_mean": jnp.mean(jnp.abs(aux.advantages))}
 
 
 def grpo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
@@ -263,7 +277,8 @@ def batch_shardings(mesh: Mesh) -> TrainBatch:
   """Rows over the trainer's "fsdp" axis (N must be a multiple of its size)."""
   two, one = sharding.batch_sharding("trainer", mesh, 2), sharding.batch_sharding("trainer", mesh, 1)
   return TrainBatch(tokens=two, attention_mask=two, completion_mask=two, ref_logprobs=two,
-                    behaviour_logprobs=two, rewards=one, group_ids=one, versions=one)
+                    behaviour_logprobs=two, rewards=one, group_ids=one, prompt_ids=one,
+                    versions=one)
 
 
 def init_state(params: Params, optimizer: optax.GradientTransformation,
@@ -293,38 +308,55 @@ def init_state(params: Params, optimizer: optax.GradientTransformation,
 # The update.
 # ---------------------------------------------------------------------------
 def completion_logits(model_config: ModelConfig, params: Params, tokens: jax.Array,
-                      attention_mask: jax.Array, completion_len: int,
-                      remat: bool = False) -> jax.Array:
+                      attention_mask: jax.Array, completion_len: int, remat: bool = False,
+                      dropout: Dropout | None = None) -> jax.Array:
   """Logits [N, Tc, V] of the completion columns: logits[:, t] predicts completion token t.
 
   Only hidden[:, Tp-1:-1], the states that predict the completion tokens, are
   unembedded: prompt logits ([N, Tp, V], the largest activation) never exist.
+  `dropout`: the model's (model.py), in the training forward only.
   """
   prompt_len = tokens.shape[1] - completion_len
   positions = model.positions_from_mask(attention_mask)
   hidden, _ = model.forward(model_config, params, tokens, positions, attention_mask,
-                            remat=remat)
+                            remat=remat, dropout=dropout)
   return model.unembed(model_config, params, hidden[:, prompt_len - 1:-1])
 
 
 def completion_token_logprobs(model_config: ModelConfig, params: Params, tokens: jax.Array,
                               attention_mask: jax.Array, completion_len: int,
-                              temperature: float, remat: bool = False) -> jax.Array:
+                              temperature: float, remat: bool = False,
+                              dropout: Dropout | None = None) -> jax.Array:
   """Per-token log-probs [N, Tc] (float32, tempered) of the completion columns."""
   logits = completion_logits(model_config, params, tokens, attention_mask, completion_len,
-                             remat)
+                             remat, dropout)
   return losses.token_logprobs(logits, tokens[:, tokens.shape[1] - completion_len:], temperature)
+
+
+def check_microbatches(num_rows: int, num_microbatches: int, fsdp: int) -> None:
+  """Raises ValueError unless `num_rows` cut into `num_microbatches` equal micro-batches
+  whose size is a multiple of the trainer's `fsdp` devices (every shard gets rows)."""
+  rows, left = divmod(num_rows, num_microbatches)
+  if left or rows % fsdp:
+    raise ValueError(f"a batch of {num_rows} rows does not split into num_microbatches="
+                     f"{num_microbatches} equal micro-batches of a multiple of the trainer's "
+                     f"{fsdp} fsdp devices")
 
 
 def _group_sorted_microbatches(batch: TrainBatch, num_microbatches: int,
                                mesh: Mesh) -> TrainBatch:
-  """Leaves [M, N/M, ...]: rows stably sorted by prompt group, then cut in M.
+  """Leaves [M, N/M, ...]: rows stably sorted by group, then cut in M.
 
-  Sorting makes each group contiguous whatever the input layout, so with
-  equal group sizes R and P divisible by M every micro-batch holds whole
-  groups (log Z is a per-group mean: a split group would get two wrong
-  halves). Unequal group sizes must be arranged by the caller.
+  Sorting makes each group contiguous whatever the input layout, so with G
+  groups of equal size and G a multiple of M every micro-batch holds whole
+  groups, and the loss and gradient equal the whole batch's (log Z and the
+  baselines are per-group means: a split group would get two wrong halves).
+  The replay buffer's batches have B groups of K (batch.py); configs refuse a
+  B that M does not divide (config_checks). Unequal group sizes must be
+  arranged by the caller.
   """
+  check_microbatches(batch.rewards.shape[0], num_microbatches,
+                     mesh.shape[sharding.BATCH_AXIS["trainer"]])
   order = jnp.argsort(losses.group_index(batch.group_ids), stable=True)
 
   def cut(x):
@@ -342,7 +374,8 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
                 num_microbatches: int = 1, remat: bool = False,
                 lr_schedule: optax.ScalarOrSchedule | None = None,
                 ref_weight_schedule: BetaSchedule | None = None,
-                learned_log_z: LearnedLogZ | None = None
+                learned_log_z: LearnedLogZ | None = None, dropout: float = 0.0,
+                dropout_seed: int = 0
                 ) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict[str, jax.Array]]]:
   """The jitted `update(state, batch) -> (state, metrics)` on the trainer `mesh`.
 
@@ -350,9 +383,10 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
   that takes the state from step s to s + 1 is beta_schedule(s + 1): the
   authors count trainer steps from 1. Rows N must split into `num_microbatches`
   equal micro-batches of whole groups (see _group_sorted_microbatches) whose
-  size is a multiple of the "fsdp" axis. Gradients are averaged over
-  micro-batches, which equals the big-batch gradient because every loss here
-  is a mean over sequences. Compiles once per batch shape.
+  size is a multiple of the "fsdp" axis (else ValueError when it compiles).
+  Gradients are averaged over micro-batches, which equals the big-batch
+  gradient because every loss here is a mean over sequences of per-group
+  terms. Compiles once per batch shape.
 
   metrics (replicated scalars): loss, grad_norm (before clipping), beta, lr
   (with `lr_schedule`, the learning rate given to make_optimizer: the one this
@@ -367,11 +401,20 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
   With `learned_log_z` (init_state and state_shardings given the same) the loss
   gets each row's entry of the state's log Z table as `log_z`, and the table
   trains alongside the params.
+  `dropout` > 0: the model's dropout (model.py) at that rate in the forward of
+  every update, masks from (dropout_seed, the update's step, its micro-batch), so a
+  resumed run draws the masks the uninterrupted one would. 0: no dropout op at all.
   """
   compute_config = model_config.replace(dtype=compute_dtype)
   state_sh = state_shardings(model_config, optimizer, mesh, learned_log_z)
 
-  def objective(trainable, frozen, batch, beta, extra):
+  def dropout_at(step, micro):
+    if not dropout:
+      return None
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(dropout_seed), step), micro)
+    return Dropout(key, dropout)
+
+  def objective(trainable, frozen, batch, beta, extra, drop):
     params, log_z = trainable  # log_z: None (VarGrad) or the learned table
     # Master weights: the cast is part of the differentiated function, so the
     # gradient w.r.t. float32 params comes back in float32. (A frozen base already
@@ -380,10 +423,10 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
                           lora.combine(frozen, params))
     mask = batch.completion_mask
     logits = completion_logits(compute_config, params, batch.tokens, batch.attention_mask,
-                               mask.shape[1], remat)
+                               mask.shape[1], remat, drop)
     token_lp = losses.token_logprobs(logits, batch.tokens[:, batch.prompt_len:], temperature)
     if log_z is not None:
-      extra = {**extra, "log_z": log_z[batch.group_ids]}
+      extra = {**extra, "log_z": log_z[batch.prompt_ids]}
     loss, aux = loss_fn(token_lp, batch, beta, **extra)
     # Diagnostics (not differentiated): the policy's per-token entropy where the batch's
     # completions were sampled, and |log pi_theta - log pi_behaviour| per sequence (how far
@@ -402,19 +445,23 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
                                                     ref_weight_schedule(state.step + 1)}
     trainable = (state.params, state.log_z)
     if num_microbatches == 1:
-      (loss, aux), (grads, log_z_grad) = grad_fn(trainable, frozen, batch, beta, extra)
+      (loss, aux), (grads, log_z_grad) = grad_fn(trainable, frozen, batch, beta, extra,
+                                                 dropout_at(state.step, 0))
       grads = _float32(grads)
     else:
       micro = _group_sorted_microbatches(batch, num_microbatches, mesh)
 
-      def accumulate(grad_sum, micro_batch):
-        (loss, aux), grads = grad_fn(trainable, frozen, micro_batch, beta, extra)
+      def accumulate(grad_sum, micro_batch_and_index):
+        micro_batch, i = micro_batch_and_index
+        (loss, aux), grads = grad_fn(trainable, frozen, micro_batch, beta, extra,
+                                     dropout_at(state.step, i))
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
         grad_sum = (jax.lax.with_sharding_constraint(grad_sum[0], state_sh.params), grad_sum[1])
         return grad_sum, (loss, aux)
 
       zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
-      grad_sum, (loss, aux) = jax.lax.scan(accumulate, zeros, micro)
+      grad_sum, (loss, aux) = jax.lax.scan(accumulate, zeros,
+                                           (micro, jnp.arange(num_microbatches)))
       grads, log_z_grad = jax.tree.map(lambda g: g / num_microbatches, grad_sum)
       loss, aux = jnp.mean(loss), jax.tree.map(jnp.mean, aux)
 

@@ -25,5 +25,6 @@ def test_distinct_fraction_counts_distinct_completions_per_group():
                        behaviour_logprobs=np.zeros((n, 3), np.float32),
                        rewards=np.zeros(n, np.float32),
                        group_ids=np.array([7, 7, 7, 7, 8, 8], np.int32),
+                       prompt_ids=np.array([7, 7, 7, 7, 8, 8], np.int32),
                        versions=np.zeros(n, np.int32))
   assert batch.distinct_fraction(b) == (2 / 4 + 1 / 2) / 2

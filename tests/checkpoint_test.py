@@ -89,6 +89,26 @@ def test_a_config_mismatch_is_refused_not_skipped(tmp_path):
   assert os.listdir(directory) == ["2"]
 
 
+def test_a_resume_under_another_experiment_is_refused_in_one_line(tmp_path):
+  directory = str(tmp_path / "checkpoints")
+  ckpt = Checkpointer(directory)
+  saved = {"task": {"name": "tldr"}, **{f"key{i}": i for i in range(37)}}
+  ckpt.save(3, _state(3), {"x": np.arange(4)}, {"step": 3}, saved)
+  other = {"task": {"name": "arithmetic"}, **{f"key{i}": -i for i in range(37)}}
+  with pytest.raises(ConfigMismatchError) as refused:
+    ckpt.check_config(other)
+  assert str(refused.value) == (f"{directory} holds a checkpoint (step 3) of a tldr run, not of "
+                                "this arithmetic run; use a new --workdir for this one.")
+  # The same experiment under many changed keys: the first few, and how many more.
+  with pytest.raises(ConfigMismatchError) as refused:
+    ckpt.check_config({"task": {"name": "tldr"}, **{f"key{i}": -i for i in range(37)}})
+  lines = str(refused.value).splitlines()
+  assert lines[1:4] == ["  key1: 1 -> -1", "  key10: 10 -> -10", "  key11: 11 -> -11"]
+  assert lines[-2:] == ["  ... and 28 more",
+                        "Use a new --workdir, or restore the original settings."]
+  ckpt.close()
+
+
 def _entry(pid, completion, searcher):
   n = len(completion)
   return Entry(prompt_id=pid, prompt=np.arange(pid + 1), completion=np.array(completion),

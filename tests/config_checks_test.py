@@ -19,12 +19,35 @@ def _config(**values):
   return c
 
 
-def test_every_variant_passes():
+def test_every_shipped_recipe_passes():
   from configs import redteam as redteam_config
-  for variant in gsm8k_config.VARIANTS:
-    config_checks.validate(gsm8k_config.get_config(variant))
-  for variant in redteam_config.VARIANTS:
-    config_checks.validate(redteam_config.get_config(variant))
+  from configs import tldr as tldr_config
+  dropout = {}
+  for module in (gsm8k_config, tldr_config, redteam_config):
+    for variant in module.VARIANTS:
+      config_checks.validate(module.get_config(variant))
+      dropout[module.__name__, variant] = module.get_config(variant).model.dropout
+  # GPT-2's dropout in the red-teaming attacker (Lee et al.'s train mode); none elsewhere.
+  on = {("configs.redteam", "gpt2"): 0.1, ("configs.redteam", "tiny"): 0.1}
+  assert dropout == {k: on.get(k, 0.0) for k in dropout}
+
+
+def test_microbatches_that_would_cut_a_group_or_an_fsdp_shard_are_refused():
+  """tiny: 2 slots x 4 samples; a micro-batch must hold whole slots (groups)."""
+  config_checks.validate(_config(optim__num_microbatches=2))
+  with pytest.raises(ConfigError) as e:
+    config_checks.validate(_config(optim__num_microbatches=4))
+  assert str(e.value) == (
+      "config: optim.num_microbatches=4: must divide buffer.num_prompts=2 (one of 1, 2): a "
+      "micro-batch holds whole groups, each a slot's buffer.samples_per_prompt samples "
+      "(VarGrad's log Z and the RLOO / GRPO baselines are means over a group)")
+  with pytest.raises(ConfigError) as e:
+    config_checks.validate(_config(optim__num_microbatches=2, buffer__samples_per_prompt=3,
+                                   mesh__num_trainer_devices=2))
+  assert str(e.value) == (
+      "config: optim.num_microbatches=2: micro-batches of buffer.num_prompts=2 / 2 x "
+      "buffer.samples_per_prompt=3 = 3 rows do not split over the trainer's 2 fsdp devices "
+      "(mesh.num_trainer_devices / mesh.trainer_tensor)")
 
 
 def test_red_teaming_settings_are_checked():

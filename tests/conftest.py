@@ -25,3 +25,70 @@ TINY_LLAMA = ModelConfig(vocab_size=128, dim=64, mlp_dim=128, num_layers=2, num_
 @pytest.fixture
 def tiny_cfg():
   return TINY_LLAMA
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEST_CACHE = os.path.expanduser(os.environ.get("TBA_JAX_TEST_CACHE", "~/.cache/tba_jax_test_xla"))
+
+
+def tiny_command(experiment: str, workdir: str) -> list[str]:
+  """README's smoke test of `experiment` (readme_test.py checks that README shows it so),
+  with the tests' compilation cache."""
+  import sys
+  return [sys.executable, "-m", f"experiments.{experiment}", "--config",
+          f"configs/{experiment}.py:tiny", "--workdir", workdir,
+          f"--compilation_cache={TEST_CACHE}"]
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+  """`tiny_run(experiment)` -> (workdir, completed process): README's smoke test of the
+  experiment, run once per test session for every test that reads it."""
+  import subprocess
+  done = {}
+
+  def run(experiment):
+    if experiment not in done:
+      workdir = str(tmp_path_factory.mktemp(f"{experiment}_tiny") / "run")
+      env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as
+      env.update(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")  # a user's; the configs ask for 2
+      out = subprocess.run(tiny_command(experiment, workdir), cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=900)
+      assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+      done[experiment] = workdir, out
+    return done[experiment]
+
+  return run
+
+
+
+def eos_searcher(c):
+  """Config `c`'s searcher pool as the run builds it (one searcher on local device 1),
+  sampling with its random policy made to emit EOS whenever it may (`favouring`); and
+  (pool, the random policy's own params, the tokenizer). pool.publish(1, params) swaps
+  the EOS-favouring weights for the random policy's."""
+  from tba_jax import config_builders, sharding, weight_sync
+  tok = config_builders.load_tokenizer(c.model)
+  task = config_builders.build_task(c.task, tok)
+  devices = jax.local_devices()
+  cfg, params, _ = config_builders.load_policy(
+      c.model, tok, "float32", sharding.make_mesh("trainer", devices[:1]), c.seed)
+  mesh = sharding.make_mesh("searcher", devices[1:2])
+  publish = lambda p, i: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
+  pool = config_builders.searcher_pool(
+      c.sampler, task, tok, cfg, [mesh], publish=publish,
+      params=favouring(cfg, params, tok.eos_ids[0]), reference=None,
+      prompt_tokens=config_builders.encode_prompts(task.train, task, tok, c.task.max_prompt_len),
+      max_prompt_len=c.task.max_prompt_len, seed=0, max_restarts=0, fault_cfg=c.fault)
+  return pool, params, tok
+
+
+def favouring(cfg, params, token: int, margin: float = 50.0):
+  """`params` (a decoder's, host or device arrays) made to emit `token` whenever it may:
+  the final norm outputs the constant b = margin * w / |w|^2, w the token's output row,
+  so its logit is `margin` and the others' are margin * cos * |w_v| / |w| (far below)."""
+  import jax.numpy as jnp
+  out = params["embed"][token] if cfg.tie_embeddings else params["lm_head"][:, token]
+  norm = dict(params["final_norm"], scale=jnp.zeros_like(params["final_norm"]["scale"]),
+              bias=margin * out / jnp.sum(out * out))
+  return dict(params, final_norm=norm)

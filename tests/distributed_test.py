@@ -88,18 +88,21 @@ def test_all_gather_entries_is_identity_in_one_process():
 
 
 def test_two_hosts_train_on_one_buffer_checkpoint_together_and_stop_when_one_is_lost(tmp_path):
-  # Training until SIGTERM reaches process 1 only: both save the same step and exit 0.
+  # Training until Ctrl-C (SIGINT) reaches process 1 only: both save the same step, name the
+  # signal, and exit 0. (SIGTERM takes the same path: the signal's number is what the hosts
+  # exchange; interrupts_test.py and experiment_test.py cover both signals on one host.)
   with _terminated_at_exit(_launch(tmp_path, 100_000, HEARTBEAT_TIMEOUT_S)) as procs:
     _wait(lambda: len(_train_steps(tmp_path)) >= 4, procs, timeout=400)
-    procs[1].send_signal(signal.SIGTERM)
+    procs[1].send_signal(signal.SIGINT)
     for p in procs:
       p.wait(timeout=120)
     for p in procs:
       assert p.returncode == 0, _output(p)[-4000:]
     results = [_result(p) for p in procs]
     step = results[0]["step"]
-    assert [(r["step"], r["terminated"]) for r in results] == [(step, True)] * 2
-    assert all(f"SIGTERM: saved a checkpoint at step {step}" in _output(p) and
+    assert [(r["step"], r["terminated"], r["signal"]) for r in results] == \
+        [(step, True, "Ctrl-C")] * 2
+    assert all(f"Ctrl-C: saved a checkpoint at step {step}" in _output(p) and
                "Rerun the same command on every host" in _output(p) for p in procs)
   saved = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
   assert saved[-1] == step
@@ -131,4 +134,5 @@ def test_two_hosts_train_on_one_buffer_checkpoint_together_and_stop_when_one_is_
 def test_one_process_gathers_its_own_counts_and_never_reports_a_lost_peer():
   assert distributed.all_gather_ints(True, 3).tolist() == [[1, 3]]
   assert distributed.broadcast_flags(False, True) == (False, True)
+  assert distributed.broadcast_max(0, signal.SIGINT, 3) == (0, signal.SIGINT, 3)
   assert distributed.lost_process_error(ValueError("a collective failed")) is None

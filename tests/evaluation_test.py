@@ -38,11 +38,10 @@ def _evaluator(**kw):
   # sampled answers of problem 2 are wrong.
   reward = lambda batch: np.array([float(c[0] == p.gold) for c, p in
                                    zip(batch.completions, batch.problems)])
-  kw = {"greedy": FakeGenerate(True), **kw}
+  kw = {"greedy": FakeGenerate(True), "sampled": FakeGenerate(False), "num_samples": 2, **kw}
   return Evaluator(problems=problems, prompt_tokens=[[i] for i in range(3)],
                    decode=lambda ids: " ".join(map(str, ids)), reward=reward, eos_ids=(EOS,),
-                   batch_size=4, sampled=FakeGenerate(False), num_samples=2,
-                   answer=lambda text: text.split()[0], progress=False, **kw)
+                   batch_size=4, answer=lambda text: text.split()[0], progress=False, **kw)
 
 
 def test_pass_rates_and_distinct_answers_per_problem():
@@ -88,3 +87,22 @@ def test_standard_errors_are_over_problems_and_the_completions_are_kept():
   assert [s["reward"] for s in ev.samples[3:]] == [1, 1, 1, 1, 0, 0]
   assert ev.samples[0] == {"pass": "greedy", "problem_id": 0, "question": "q0",
                            "completion": f"10 {EOS}", "reward": 1.0}
+
+
+def test_pass_at_k_is_the_unbiased_estimator_for_powers_of_two():
+  """8 samples: problems 0 and 1 pass all 8, problem 2 passes 1 of 8."""
+
+  class OnePass(FakeGenerate):
+    def __call__(self, params, prompts, key):
+      out = super().__call__(params, prompts, key)
+      if [p[0] for p in prompts] == [2] * 4 and self.calls == 4:  # its first chunk of 4
+        out.tokens[0, 0] = 12  # one sample right
+      return out
+
+  out = _evaluator(sampled=OnePass(False), num_samples=8)(params=None, key=jax.random.key(0))
+  from tba_jax.evaluation import pass_at_k
+  assert pass_at_k(8, 1, 2) == pytest.approx(1 - 21 / 28)  # 1 - C(7,2)/C(8,2)
+  for k in (2, 4):
+    assert out[f"eval/pass@{k}"] == pytest.approx((2 + pass_at_k(8, 1, k)) / 3)
+  assert out["eval/pass@8"] == 1.0 and "eval/pass@16" not in out
+  assert out["eval/sampled_pass@1"] == pytest.approx((2 + 1 / 8) / 3)

@@ -107,11 +107,8 @@ def test_a_run_killed_after_a_checkpoint_resumes_with_every_entry_and_no_prompt_
   assert [r["step"] for r in rows if "loss" in r] == list(range(1, 9))
 
 
-def test_redteam_tiny_runs_async_to_the_end_with_evaluations_and_an_export(tmp_path):
-  workdir = str(tmp_path)
-  out = subprocess.run(_command(workdir, "tiny", "redteam"), cwd=ROOT, env=_env(),
-                       capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+def test_redteam_tiny_runs_async_to_the_end_with_evaluations_and_an_export(tmp_path, tiny_run):
+  workdir, out = tiny_run("redteam")  # README's smoke test, shared with readme_test.py
   assert "mode      async" in out.stdout  # 2 CPU devices: 1 trainer + 1 searcher
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   evals = {r["step"]: r for r in rows if "eval/attack_success_rate" in r}
@@ -130,7 +127,23 @@ def test_redteam_tiny_runs_async_to_the_end_with_evaluations_and_an_export(tmp_p
   sizes = [r["buffer_entries"] for r in train]
   assert sizes[4:] == [sizes[3]] * 2 and sizes[3] <= 64
   assert os.path.exists(os.path.join(workdir, "export", "config.json"))
-  assert "Finished at step 6: eval/attack_success_rate" in out.stdout
+  assert "  model     random (gpt2, 41.9K parameters, 2 layers)" in out.stdout
+  # Whether it learned: the headline metrics from the step-0 evaluation to the last.
+  start, end = evals[0], evals[6]
+  headline = ", ".join(f"eval/{k} {start['eval/' + k]:.3f} -> {end['eval/' + k]:.3f}"
+                       for k in ("attack_success_rate", "toxicity", "diversity"))
+  assert out.stdout.strip().splitlines()[-1] == (
+      f"Finished at step 6: {headline}; eval/pass@32 0.000, eval/sampled_pass@1 "
+      f"{end['eval/sampled_pass@1']:.3f}")
+  at_start = ", ".join(f"eval/{k} {start['eval/' + k]:.3f}"
+                       for k in ("attack_success_rate", "toxicity", "diversity"))
+  assert f"\nstep 0: {at_start}; eval/pass@32 0.000, " in out.stdout
+  # Its plot shows them (experiments/plot.py).
+  from experiments import plot
+  fig = plot.plot([workdir], str(tmp_path / "rt.png"))
+  assert [(ax.get_title(), len(ax.lines[0].get_xdata())) for ax in fig.axes[1::2]] == [
+      ("reward_mean", 6), ("eval/attack_success_rate", 2), ("eval/toxicity", 2),
+      ("eval/diversity", 2)]
 
 
 def test_redteam_sigkill_mid_run_then_rerun_resumes_to_the_final_step(tmp_path):
@@ -149,20 +162,50 @@ def test_redteam_sigkill_mid_run_then_rerun_resumes_to_the_final_step(tmp_path):
   assert [r["step"] for r in rows if "eval/diversity" in r] == [0, 12]
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
-  workdir = str(tmp_path)
-  proc = _start(workdir, "tiny,num_train_steps=100000,checkpoint.every=1000,eval.every=0")
+def _signal_after_training_began(workdir, arg, signum):
+  """Starts the run, sends `signum` once a step is logged; (exit status, output)."""
+  proc = _start(workdir, arg)
   deadline = time.time() + 240
-  metrics = tmp_path / "metrics.jsonl"
+  metrics = os.path.join(workdir, "metrics.jsonl")
   while time.time() < deadline and proc.poll() is None:
-    if metrics.exists() and any("loss" in line for line in metrics.read_text().splitlines()):
+    if os.path.exists(metrics) and '"loss"' in open(metrics).read():
       break
     time.sleep(0.2)
-  proc.send_signal(signal.SIGTERM)
+  proc.send_signal(signum)
   output, _ = proc.communicate(timeout=120)
-  assert proc.returncode == 0, output[-3000:]
-  assert "SIGTERM: saved a checkpoint" in output
+  return proc.returncode, output
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+  workdir = str(tmp_path)
+  code, output = _signal_after_training_began(
+      workdir, "tiny,num_train_steps=100000,checkpoint.every=1000,eval.every=0", signal.SIGTERM)
+  assert code == 0, output[-3000:]
+  # On a line of its own, not glued to the progress bar (stdout and stderr share the pipe).
+  assert any(line.startswith("SIGTERM: saved a checkpoint") for line in output.split("\n"))
   assert _steps(workdir) and _steps(workdir)[-1] < 1000
+
+
+def test_ctrl_c_saves_a_checkpoint_at_the_step_it_stopped_and_the_rerun_resumes_there(tmp_path):
+  workdir = str(tmp_path)
+  arg = "tiny,checkpoint.every=1000,eval.every=0,export=false"
+  code, output = _signal_after_training_began(workdir, arg + ",num_train_steps=100000",
+                                              signal.SIGINT)
+  assert code == 0 and "Traceback" not in output, output[-3000:]
+  assert "Ctrl-C: stopping after this step, with a checkpoint (Ctrl-C again stops" in output
+  saved = next(line for line in output.split("\n") if line.startswith("Ctrl-C: saved"))
+  step = int(saved.split("at step ")[1].split()[0])
+  assert _steps(workdir) == [step]
+  assert [r["step"] for r in read_jsonl(f"{workdir}/metrics.jsonl") if "loss" in r] == \
+      list(range(1, step + 1))
+  # The rerun (a resumable key raised by 2) continues from that step.
+  out = subprocess.run(_command(workdir, f"{arg},num_train_steps={step + 2}"), cwd=ROOT,
+                       env=_env(), capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+  assert f"Resumed from step {step} (" in out.stdout
+  assert out.stdout.strip().splitlines()[-1].startswith(f"Finished at step {step + 2}: ")
+  assert [r["step"] for r in read_jsonl(f"{workdir}/metrics.jsonl") if "loss" in r] == \
+      list(range(1, step + 3))
 
 
 @pytest.mark.parametrize("args,message", [
@@ -193,17 +236,156 @@ def test_config_errors_are_one_line_and_leave_no_workdir(tmp_path, args, message
   assert not workdir.exists()
 
 
-def test_plot_overlays_runs(tmp_path):
-  for name, rewards in (("async", [0.1, 0.4]), ("sync", [0.1, 0.2])):
-    d = tmp_path / name
-    d.mkdir()
-    rows = [{"step": 0, "wall_time": 0.0, "eval/greedy_pass@1": 0.1}] + [
-        {"step": i + 1, "wall_time": 10.0 * (i + 1), "reward_mean": r} for i, r in enumerate(rewards)]
-    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+def _gsm8k_copy(directory, train=None, test=None):
+  """A GSM8K directory from the fixtures; `train` / `test`: that file's text instead."""
+  directory.mkdir()
+  for split, text in (("train", train), ("test", test)):
+    fixture = os.path.join(ROOT, "tests", "data", f"gsm8k_{split}.jsonl")
+    (directory / f"{split}.jsonl").write_text(open(fixture).read() if text is None else text)
+  return directory
+
+
+def _refused(tmp_path, args, experiment="gsm8k", cwd=ROOT):
+  """Runs a command that must fail; its stderr lines (at most 5, no traceback), and checks
+  that it wrote no workdir."""
+  workdir = tmp_path / "run"
+  out = subprocess.run([sys.executable, "-m", f"experiments.{experiment}", *args,
+                        f"--workdir={workdir}"], cwd=cwd, env={**_env(), "PYTHONPATH": ROOT},
+                       capture_output=True, text=True, timeout=180)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 1 and len(lines) <= 5 and "Traceback" not in out.stderr, out.stderr
+  assert lines[0].startswith("error: ") and not workdir.exists(), out.stderr
+  return " ".join(lines)
+
+
+GSM8K_TINY = "--config=configs/gsm8k.py:tiny,task.name=gsm8k,task.max_prompt_len=512"
+
+
+def test_a_corrupt_jsonl_line_is_one_error_naming_the_file_and_the_line(tmp_path):
+  lines = open(os.path.join(ROOT, "tests", "data", "gsm8k_train.jsonl")).read().splitlines()
+  data = _gsm8k_copy(tmp_path / "data", train="\n".join(lines[:2] + ['{"question": "cut'] +
+                                                         lines[2:]) + "\n")
+  error = _refused(tmp_path, [f"{GSM8K_TINY},task.data_path={data}"])
+  assert error == (f"error: {data}/train.jsonl, line 3: not valid JSON (Invalid control "
+                   "character, column 18)")  # the line's end, inside the cut string
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_an_empty_data_file_is_refused_by_name_before_the_workdir_exists(tmp_path, split):
+  data = _gsm8k_copy(tmp_path / "data", **{split: ""})
+  error = _refused(tmp_path, [f"{GSM8K_TINY},task.data_path={data}"])
+  assert error == f"error: {data}/{split}.jsonl: the file holds no rows (it is empty)"
+
+
+def test_one_file_as_both_splits_is_refused_unless_asked_for(tmp_path):
+  train = os.path.join(ROOT, "tests", "data", "gsm8k_train.jsonl")
+  error = _refused(tmp_path, [f"{GSM8K_TINY},task.data_path={train}"])
+  assert error.startswith(f"error: task.data_path: {train} would be both the train and the "
+                          "test split") and "task.test_on_train=true" in error
+  from tba_jax import config_builders, tokenizer
+  c = gsm8k_config.get_config(f"tiny,task.name=gsm8k,task.data_path={train},"
+                              "task.test_on_train=true")
+  task = config_builders.build_task(c.task, tokenizer.byte_tokenizer())
+  assert task.test == task.train and len(task.train) == 40  # asked for: evaluated on train
+
+
+@pytest.mark.parametrize("args,experiment,message", [
+    (["--config=configs/gsm8k.py:tiny"], "tldr",
+     "error: experiments.tldr runs tldr configs; this one has task.name='arithmetic'. Run it "
+     "with: python -m experiments.gsm8k --config=configs/gsm8k.py:tiny --workdir={workdir}"),
+    (["--config=configs/tldr.py:tiny"], "redteam",
+     "error: experiments.redteam runs redteam configs; this one has task.name='tldr'. Run it "
+     "with: python -m experiments.tldr --config=configs/tldr.py:tiny --workdir={workdir}"),
+    (["--config=configs/redteam.py:tiny"], "gsm8k",
+     "error: experiments.gsm8k runs gsm8k / arithmetic configs; this one has "
+     "task.name='redteam'. Run it with: python -m experiments.redteam "
+     "--config=configs/redteam.py:tiny --workdir={workdir}"),
+    (["--config=configs/gsm9k.py:tiny"], "gsm8k",
+     "error: config file 'configs/gsm9k.py' does not exist (the configs are gsm8k.py, "
+     f"redteam.py, tldr.py in {ROOT}/configs); did you mean configs/gsm8k.py?"),
+    (["--config=configs/gsm8k.py:tiny,task.max_prompt_len=3"], "gsm8k",
+     "error: task.max_prompt_len=3: 12 of 12 prompts are longer (the longest, problem 0's, has "
+     "15 tokens); raise task.max_prompt_len to at least that"),
+], ids=["tldr-gsm8k", "redteam-tldr", "gsm8k-redteam", "config-path", "max_prompt_len"])
+def test_run_time_errors_are_one_line_and_leave_no_workdir(tmp_path, args, experiment, message):
+  assert _refused(tmp_path, args, experiment) == message.format(workdir=tmp_path / "run")
+
+
+def test_outside_the_repository_root_the_config_path_error_says_where_to_run(tmp_path):
+  error = _refused(tmp_path, ["--config=configs/gsm8k.py:tiny"], cwd=tmp_path)
+  assert error == (f"error: config file 'configs/gsm8k.py' not found from {tmp_path}: a config "
+                   "path is relative to the current directory. Run from the repository root "
+                   f"({ROOT}) or give the full path: --config={ROOT}/configs/gsm8k.py:tiny")
+
+
+@pytest.mark.parametrize("raised,debug,shown", [
+    ("UserError('the data is wrong')", "", "error: the data is wrong"),
+    ("UserError('the data is wrong')", "1", "tba_jax.errors.UserError: the data is wrong"),
+    ("ZeroDivisionError('a bug')", "", "ZeroDivisionError: a bug"),
+])
+def test_user_errors_are_one_line_unless_tba_debug_and_bugs_keep_their_traceback(
+    tmp_path, raised, debug, shown):
+  job = ("import sys; from experiments import launch; from tba_jax.errors import UserError\n"
+         f"def job(config, workdir): raise {raised}\n"
+         "launch.main('gsm8k.py:tiny', job=job)")
+  out = subprocess.run([sys.executable, "-c", job, f"--workdir={tmp_path}"], cwd=ROOT,
+                       env={**_env(), "TBA_DEBUG": debug}, capture_output=True, text=True,
+                       timeout=120)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 1 and lines[-1] == shown, out.stderr
+  assert ("Traceback" in out.stderr) == (shown != "error: the data is wrong"), out.stderr
+
+
+def _metrics_file(directory, task, rows):
+  """A metrics.jsonl as a run of `task` (a tasks.Task) writes it: its setup row, then rows."""
+  import dataclasses
+  directory.mkdir()
+  setup = {"task": {"name": task.name, "metrics": [
+      dataclasses.asdict(m) for m in (task.reward_metric, *task.headline)]}}
+  lines = [{"step": 0, "wall_time": 0.0, "run": setup}] + rows
+  (directory / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+
+
+def test_plot_shows_each_task_s_headline_metrics_for_runs_side_by_side(tmp_path):
+  from experiments import plot
+  from tba_jax.tasks import Task, redteam, tldr
+  train = lambda rewards: [{"step": i + 1, "wall_time": 60.0 * (i + 1), "reward_mean": r}
+                           for i, r in enumerate(rewards)]
+  for name, task, evals in (
+      ("tldr_a", tldr, [{"eval/win_rate": 0.5, "eval/perplexity": 1.2, "eval/kl": 0.0},
+                        {"eval/win_rate": 0.8, "eval/perplexity": 1.1, "eval/kl": 0.3}]),
+      ("tldr_b", tldr, [{"eval/win_rate": 0.5, "eval/perplexity": 1.2, "eval/kl": 0.0},
+                        {"eval/win_rate": 0.6, "eval/perplexity": "nan", "eval/kl": 0.1}]),
+      ("rt", redteam, [{"eval/attack_success_rate": 0.1, "eval/toxicity": 0.2,
+                        "eval/diversity": 0.5}] * 2)):
+    t = Task(train=[], test=[], prompt=str, reward=None, name=name.split("_")[0],
+             reward_metric=task.REWARD_METRIC, headline=task.HEADLINE)
+    rows = train([0.1, 0.4, 0.2]) + [{"step": 0, "wall_time": 0.0, **evals[0]},
+                                     {"step": 3, "wall_time": 200.0, **evals[1]}]
+    _metrics_file(tmp_path / name, t, rows)
   out = tmp_path / "fig.png"
-  subprocess.run([sys.executable, "-m", "experiments.plot", str(tmp_path / "async"),
-                  str(tmp_path / "sync"), "--out", str(out)], cwd=ROOT, check=True, timeout=120)
+  cli = subprocess.run([sys.executable, "-m", "experiments.plot", *(str(tmp_path / n) for n in
+                        ("tldr_a", "tldr_b", "rt")), "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+  assert cli.returncode == 0, cli.stderr
   assert out.stat().st_size > 10_000
-  with pytest.raises(subprocess.CalledProcessError):
+  fig = plot.plot([str(tmp_path / n) for n in ("tldr_a", "tldr_b", "rt")], str(out))
+  # One row per metric (the two reward_means differ in label): steps left, wall-clock right.
+  assert [ax.get_title() for ax in fig.axes[1::2]] == ["reward_mean", "eval/win_rate", "eval/perplexity", "eval/kl",
+                          "reward_mean", "eval/attack_success_rate", "eval/toxicity",
+                          "eval/diversity"]
+  panels = {ax.get_title(): ax for ax in fig.axes[1::2]}
+  left = {ax.get_title(): ax for ax in fig.axes[0::2]}
+  win = left["win rate against the reference summaries (gold reward model)"]
+  assert win.get_ylabel() == "fraction" and win.get_xlabel() == "trainer step"
+  # Both TL;DR runs in one panel, each at its evaluations' steps; the red-teaming run apart.
+  assert [(l.get_label(), list(l.get_xdata()), list(l.get_ydata())) for l in win.lines] == \
+      [("tldr_a", [0, 3], [0.5, 0.8]), ("tldr_b", [0, 3], [0.5, 0.6])]
+  assert [list(l.get_xdata()) for l in panels["eval/perplexity"].lines] == [[0, 200 / 60], [0]]
+  assert panels["eval/kl"].get_xlabel() == "wall-clock (min)"
+  assert [l.get_label() for l in panels["eval/diversity"].lines] == ["rt"]
+  with pytest.raises(subprocess.CalledProcessError) as missing:
     subprocess.run([sys.executable, "-m", "experiments.plot", str(tmp_path / "missing"), "--out",
-                    str(out)], cwd=ROOT, check=True, timeout=120, capture_output=True)
+                    str(out)], cwd=ROOT, check=True, timeout=120, capture_output=True, text=True)
+  assert missing.value.stderr == (f"error: {tmp_path}/missing/metrics.jsonl does not exist (is "
+                                  f"{tmp_path}/missing a run's workdir?)\n")

@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from hf_models import hf_logits, hf_scores, left_padded_batch, make_hf_model, make_model, padded_batch
+from hf_models import (edit_config, hf_logits, hf_scores, left_padded_batch, make_hf_model,
+                       make_model, padded_batch)
 from tba_jax import hf_checkpoints, model, sharding
 
 
@@ -116,30 +117,20 @@ def test_load_places_each_leaf_on_its_mesh_sharding(llama_dir):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def _edit_config(path, tmp_path, **changes):
-  import shutil
-  dst = tmp_path / "edited"
-  shutil.copytree(path, dst)
-  c = json.loads((dst / "config.json").read_text())
-  c.update(changes)
-  (dst / "config.json").write_text(json.dumps(c))
-  return str(dst)
-
-
 def test_unsupported_architecture_is_named(llama_dir, tmp_path):
-  path = _edit_config(llama_dir[1], tmp_path, model_type="falcon", architectures=["FalconForCausalLM"])
+  path = edit_config(llama_dir[1], tmp_path, model_type="falcon", architectures=["FalconForCausalLM"])
   with pytest.raises(ValueError, match="unsupported architecture model_type='falcon'"):
     hf_checkpoints.load(path)
 
 
 def test_wrong_tensor_shape_is_named(llama_dir, tmp_path):
-  path = _edit_config(llama_dir[1], tmp_path, intermediate_size=96)
+  path = edit_config(llama_dir[1], tmp_path, intermediate_size=96)
   with pytest.raises(ValueError, match=r"model.layers.0.mlp.gate_proj.weight.*\(128, 64\)"):
     hf_checkpoints.load(path)
 
 
 def test_missing_tensor_is_named(llama_dir, tmp_path):
-  path = _edit_config(llama_dir[1], tmp_path, tie_word_embeddings=False)
+  path = edit_config(llama_dir[1], tmp_path, tie_word_embeddings=False)
   with pytest.raises(KeyError, match="lm_head.weight"):
     hf_checkpoints.load(path)
 
@@ -340,11 +331,11 @@ def test_head_mismatch_and_unsupported_heads_are_named(tmp_path):
   hf = make_model("gpt_neox", "classifier", seed=9)  # 3 labels
   path = str(tmp_path / "rm")
   hf.save_pretrained(path)
-  two = _edit_config(path, tmp_path, id2label={"0": "bad", "1": "good"}, label2id=None)
+  two = edit_config(path, tmp_path, id2label={"0": "bad", "1": "good"}, label2id=None)
   with pytest.raises(ValueError, match=r"score.weight.*\(3, 64\).*\(64, 2\)"):
     hf_checkpoints.load(two)
   import shutil
   shutil.rmtree(two)
-  token = _edit_config(path, tmp_path, architectures=["GPTNeoXForTokenClassification"])
+  token = edit_config(path, tmp_path, architectures=["GPTNeoXForTokenClassification"])
   with pytest.raises(ValueError, match="unsupported head .*GPTNeoXForTokenClassification"):
     hf_checkpoints.load(token)

@@ -1,4 +1,7 @@
 """Tiny random transformers (PyTorch) checkpoints in the real on-disk format."""
+import json
+import shutil
+
 import numpy as np
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -15,6 +18,24 @@ VARIANTS = {
                              original_max_position_embeddings=16))),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1000000.0)),
     "mistral": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=None)),
+}
+# Qwen3, Gemma 3 and sliding windows (tests/model_families_test.py), on the same TINY shape.
+FAMILIES = {
+    # Qwen3: per-head q/k RMSNorm, head_dim set apart from hidden / heads.
+    "qwen3": ("Qwen3Config", dict(tie_word_embeddings=True, head_dim=32,
+                                  rope_parameters=dict(rope_type="default", rope_theta=1e6))),
+    # Gemma 3 text: (1 + w) norms before and after each branch, q/k norms, scaled
+    # embeddings, sliding (window 3) and global layers with their own rope bases, linear
+    # rope scaling on the global ones (the 4B+ text towers' setting), logit softcap.
+    "gemma3": ("Gemma3TextConfig", dict(
+        num_hidden_layers=4, head_dim=16, query_pre_attn_scalar=24, sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"] * 2, final_logit_softcapping=5.0,
+        rope_parameters={"full_attention": dict(rope_type="linear", factor=4.0, rope_theta=1e6),
+                         "sliding_attention": dict(rope_type="default", rope_theta=1e4)})),
+    # Mistral v0.1's window on every layer; Qwen2's on the layers from max_window_layers on.
+    "mistral_sliding": ("MistralConfig", dict(tie_word_embeddings=False, sliding_window=3)),
+    "qwen2_sliding": ("Qwen2Config", dict(tie_word_embeddings=True, use_sliding_window=True,
+                                          sliding_window=4, max_window_layers=1)),
 }
 
 
@@ -62,7 +83,7 @@ _NEOX = dict(vocab_size=128, hidden_size=64, intermediate_size=256, num_hidden_l
 _ENCODER = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, type_vocab_size=2)
 MODELS = {
-    **{name: (cls, {**TINY, **extra}) for name, (cls, extra) in VARIANTS.items()},
+    **{name: (cls, {**TINY, **extra}) for name, (cls, extra) in {**VARIANTS, **FAMILIES}.items()},
     "gpt_neox": ("GPTNeoXConfig", _NEOX),
     "gpt_neox_sequential": ("GPTNeoXConfig", dict(_NEOX, use_parallel_residual=False)),
     "gpt2": ("GPT2Config", dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64,
@@ -127,3 +148,14 @@ def padded_batch(rng: np.random.Generator, lengths, side: str, vocab: int = 128,
     for i, n in enumerate(lengths):
       tokens[i], mask[i] = np.roll(tokens[i], n - len(tokens[i])), np.roll(mask[i], n - len(mask[i]))
   return tokens, mask
+
+
+def edit_config(path: str, tmp_path, **changes) -> str:
+  """A copy of checkpoint directory `path` (at tmp_path / "edited") with config.json's
+  keys updated by `changes`."""
+  dst = tmp_path / "edited"
+  shutil.copytree(path, dst)
+  c = json.loads((dst / "config.json").read_text())
+  c.update(changes)
+  (dst / "config.json").write_text(json.dumps(c))
+  return str(dst)

@@ -68,3 +68,50 @@ def test_mean_pool_normalized_ignores_padding():
   for row, m in zip(range(2), mask.astype(bool)):
     mean = hidden[row, m].mean(0)
     np.testing.assert_allclose(got[row], mean / np.linalg.norm(mean), atol=1e-6)
+
+
+# -----------------------------------------------------------------------------
+# Dropout (model.dropout: the trainer's forward)
+# -----------------------------------------------------------------------------
+def test_dropout_zeroes_a_rate_of_units_and_scales_the_rest_reproducibly():
+  import jax
+  drop = layers.Dropout(jax.random.key(0), 0.1)
+  x = jnp.ones((200, 500), jnp.float32)
+  y = np.asarray(drop(x, 0))
+  zeroed = np.mean(y == 0)
+  assert abs(zeroed - 0.1) < 5 * np.sqrt(0.1 * 0.9 / y.size), zeroed
+  np.testing.assert_array_equal(y[y != 0], np.float32(1 / 0.9))  # torch's inverted dropout
+  np.testing.assert_array_equal(np.asarray(drop(x, 0)), y)  # same key and site: same mask
+  assert np.mean(np.asarray(drop(x, 1)) != y) > 0.1  # another site: another mask
+  assert layers.dropped(x, None, 0) is x  # off: not even an operation
+
+
+GPT2_SHAPED = dict(vocab_size=64, dim=32, mlp_dim=64, num_layers=2, num_heads=2, num_kv_heads=2,
+                   head_dim=16, norm="layer", position_embedding="learned",
+                   activation="gelu_tanh", gated_mlp=False, qkv_bias=True, bias=True,
+                   tie_embeddings=True, model_type="gpt2", max_position_embeddings=64)
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["gpt2", "neox_parallel"])
+def test_the_forward_with_dropout_is_the_plain_one_when_nothing_is_dropped(parallel):
+  """Dropout's path (an explicit attention that can drop probabilities) computes the
+  plain forward's function: with a rate that drops nothing the two agree; with 0.1 the
+  hidden states change, the same key reproducing them and another key not."""
+  import jax
+  from tba_jax import model
+  cfg = model.ModelConfig(**GPT2_SHAPED, parallel_residual=parallel)
+  params = model.init_params(cfg, 0)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (3, 7)), jnp.int32)
+  mask = jnp.asarray([[1] * 7, [0, 0] + [1] * 5, [0] * 6 + [1]], jnp.int32)
+  positions = model.positions_from_mask(mask)
+  forward = jax.jit(lambda key, rate: model.forward(
+      cfg, params, tokens, positions, mask, dropout=layers.Dropout(key, rate))[0],
+      static_argnums=1)
+  plain = np.asarray(model.forward(cfg, params, tokens, positions, mask)[0])
+  real = np.asarray(mask, bool)
+  np.testing.assert_allclose(np.asarray(forward(jax.random.key(0), 1e-12))[real], plain[real],
+                             atol=2e-5)
+  dropped = np.asarray(forward(jax.random.key(0), 0.1))
+  assert np.max(np.abs(dropped - plain)[real]) > 1e-2
+  np.testing.assert_array_equal(np.asarray(forward(jax.random.key(0), 0.1)), dropped)
+  assert np.max(np.abs(np.asarray(forward(jax.random.key(1), 0.1)) - dropped)[real]) > 1e-2

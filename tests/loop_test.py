@@ -117,8 +117,8 @@ def _plain_synchronous_loop(c, task, tokenizer):
     batch = train_step.TrainBatch(
         tokens=tokens, attention_mask=attn, completion_mask=completion_mask,
         ref_logprobs=ref_lp, behaviour_logprobs=out.tempered_logprobs * completion_mask,
-        rewards=rewards, group_ids=np.repeat(np.array(ids, np.int32), k),
-        versions=np.full(n, step, np.int32))
+        rewards=rewards, group_ids=np.repeat(np.arange(len(ids), dtype=np.int32), k),
+        prompt_ids=np.repeat(np.array(ids, np.int32), k), versions=np.full(n, step, np.int32))
     state, _ = update(state, batch)
   return jax.device_get(state.params)
 
@@ -191,7 +191,8 @@ def test_sigterm_while_the_buffer_prefills_checkpoints_step_0_and_the_resume_fil
                   buffer=dict(prefill=10**6, dedup=False))
   for run in (1, 2):
     assert loop.run(c, str(tmp_path), task=toy_task(c)) == {
-        "step": 0, "terminated": True, **loop._buffer_summary(_saved_buffer(tmp_path, 0))}
+        "step": 0, "terminated": True, "signal": "SIGTERM",
+        **loop._buffer_summary(_saved_buffer(tmp_path, 0))}
     assert merged == [8] * 3 * run and os.listdir(tmp_path / "checkpoints") == ["0"]
     assert len(_saved_buffer(tmp_path, 0)) == 24 * run  # the resume went on filling
   assert "Resumed from step 0 (24 buffer entries" in capsys.readouterr().out
@@ -286,7 +287,7 @@ def test_a_run_killed_before_its_final_export_finishes_it_on_rerun(tmp_path, mon
   assert [r["step"] for r in _train_rows(str(tmp_path))] == [1, 2]  # no step trained again
 
 
-def test_every_run_records_its_setup_in_its_first_metrics_row(tmp_path):
+def test_every_run_records_its_setup_in_its_first_metrics_row(tmp_path, capsys):
   c = tiny_config(num_train_steps=1, mesh=dict(num_devices=1), sync=dict(mode="async"))
   loop.run(c, str(tmp_path), task=toy_task(c))
   with open(tmp_path / "metrics.jsonl") as f:
@@ -298,8 +299,17 @@ def test_every_run_records_its_setup_in_its_first_metrics_row(tmp_path):
   assert setup["trainer"]["devices"] == 1 and setup["searchers"]["shared_with_trainer"]
   assert setup["model"]["parameters"] == sum(
       x.size for x in jax.tree.leaves(init_params(ModelConfig(**c.model.random.to_dict()), 0)))
-  assert setup["task"] == {"name": "arithmetic", "train_problems": 12, "test_problems": 4,
-                           "eval_problems": 2, "eval_devices": "trainer"}
+  # The Task passed in is named as itself (not as the config's task.name), with the
+  # metrics that show whether a run learned (a reward-scored task's defaults).
+  assert setup["task"] == {"name": "custom", "train_problems": 12, "test_problems": 4,
+                           "eval_problems": 2, "eval_devices": "trainer", "metrics": [
+                               {"key": "reward_mean", "label": "train reward (mean of the "
+                                "trained batch)", "unit": ""},
+                               {"key": "eval/sampled_pass@1", "label": "held-out reward, "
+                                "sampled (mean)", "unit": ""},
+                               {"key": "eval/greedy_pass@1", "label": "held-out reward, greedy "
+                                "(mean)", "unit": ""}]}
+  assert "\n  task      custom: 12 train / 4 test problems" in capsys.readouterr().out
   assert setup["beta"] == "0.1 at every step (tb)"
   assert setup["lr"] == "0.001 at every step (constant)"
 

@@ -28,6 +28,12 @@ ARCHITECTURES = {  # the switches of model_config.ModelConfig's docstring
     "gpt2": ModelConfig(**_SMALL, num_kv_heads=4, model_type="gpt2", norm="layer",
                         position_embedding="learned", activation="gelu_tanh", gated_mlp=False,
                         qkv_bias=True, bias=True, tie_embeddings=True),
+    "qwen3": ModelConfig(**_SMALL, num_kv_heads=2, qk_norm=True, model_type="qwen3"),
+    "gemma3_text": ModelConfig(**_SMALL, num_kv_heads=1, model_type="gemma3_text",
+                               norm="rms_plus_one", qk_norm=True, post_norms=True,
+                               embed_scale=True, activation="gelu_tanh", attn_scale=0.2,
+                               sliding_window=3, sliding_layers=(0,), local_rope_theta=1e4,
+                               final_logit_softcap=5.0, tie_embeddings=True),
 }
 
 
@@ -58,7 +64,7 @@ def test_lora_forward_equals_the_merged_weights_forward(name):
   tokens, mask = rows()
   adapted = model.logits(cfg, params, tokens, mask)
   np.testing.assert_allclose(adapted, model.logits(lora.base_config(cfg), merged, tokens, mask),
-                             atol=2e-5, rtol=1e-5)
+                             atol=5e-5, rtol=1e-5)  # float32 round-off (q/k norms amplify it)
   assert np.abs(adapted - model.logits(lora.base_config(cfg), base, tokens, mask)).max() > 0.1
   # The cached decode (one token at a time: the unfused projections) adapts the same way.
   prompts = [[5, 6, 7], [8, 9]]
@@ -303,7 +309,8 @@ class _ByteIds:
 # PEFT's format.
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("name,targets", [
-    ("llama", ALL), ("gpt2", ("q", "k", "v", "o", "down")), ("gpt_neox", ("q", "k", "v", "up"))])
+    ("llama", ALL), ("gpt2", ("q", "k", "v", "o", "down")), ("gpt_neox", ("q", "k", "v", "up")),
+    ("qwen3", ALL), ("gemma3", ("q", "v", "o", "gate", "down"))])
 def test_the_peft_export_loads_in_peft_and_matches_our_logits(tmp_path, name, targets):
   import peft
   import transformers

@@ -1,5 +1,6 @@
 """TB loss, baselines, schedules and masks against independent NumPy references."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -265,3 +266,73 @@ def test_grpo_matches_numpy():
                              loss, rtol=1e-6)
   grad = jax.grad(lambda x: losses.grpo(x, behaviour, ref, mask, rewards, ids, beta)[0])(lp2)
   assert np.all(np.isfinite(grad)) and np.all(np.asarray(grad)[mask == 0] == 0)
+
+
+# ---------------------------------------------------------------------------
+# TBA-prime: log Z from the behaviour policy, the per-token ratio loss.
+# ---------------------------------------------------------------------------
+def test_log_z_from_behaviour_is_the_sampling_policys_estimate():
+  rng = np.random.default_rng(7)
+  ids = jnp.array([3, 3, 3, 9, 9])
+  policy, behaviour, ref = (jnp.asarray(rng.normal(size=5), jnp.float32) for _ in range(3))
+  rewards, beta = jnp.array([1.0, 0.0, 1.0, 0.0, 0.0]), 0.5
+  loss, aux = losses.trajectory_balance(policy, ref, rewards, ids, beta,
+                                        behaviour_logprobs=behaviour, log_z_from_behaviour=True)
+  d_b = np.asarray(behaviour - ref - rewards / beta)
+  want_z = -np.array([d_b[:3].mean()] * 3 + [d_b[3:].mean()] * 2)
+  np.testing.assert_allclose(aux.log_z, want_z, rtol=1e-6)
+  d = np.asarray(policy - ref - rewards / beta)
+  np.testing.assert_allclose(loss, np.mean((want_z + d) ** 2), rtol=1e-6)
+  # Its gradient: 2 (log Z_b + d_j) / N per sequence (log Z_b is a constant).
+  grad = jax.grad(lambda p: losses.trajectory_balance(
+      p, ref, rewards, ids, beta, behaviour_logprobs=behaviour, log_z_from_behaviour=True)[0])(policy)
+  np.testing.assert_allclose(grad, 2 * (want_z + d) / 5, rtol=1e-5)
+  # On-policy it is VarGrad's own estimate.
+  on = losses.trajectory_balance(policy, ref, rewards, ids, beta, behaviour_logprobs=policy,
+                                 log_z_from_behaviour=True)[0]
+  np.testing.assert_allclose(on, losses.trajectory_balance(policy, ref, rewards, ids, beta)[0],
+                             rtol=1e-6)
+
+
+def _ratio_reference(lp, lp_b, mask, rewards, group_ids, clip):
+  """TBA-prime's grpo_loss_ratio (loss.py L193-229) with their dr_grpo advantages
+  (rewards.py L167-168), in numpy, the token sum divided by the counted tokens."""
+  adv = rewards - np.array([rewards[group_ids == g].mean() for g in group_ids])
+  ratio = np.clip(np.exp(lp - lp_b), 0, clip)
+  return np.sum(-ratio * adv[:, None] * mask) / mask.sum()
+
+
+def test_ratio_loss_is_tba_primes_per_token_ratio_loss():
+  rng = np.random.default_rng(8)
+  n, t = 6, 5
+  lp = rng.normal(-1.0, 1.0, (n, t)).astype(np.float32)
+  lp_b = (lp + rng.normal(0, 1.5, (n, t))).astype(np.float32)  # some ratios above the cap
+  mask = (np.arange(t)[None] < rng.integers(1, t + 1, n)[:, None]).astype(np.float32)
+  rewards = np.array([1, 0, 0, 1, 1, 0], np.float32)
+  ids = np.array([0, 0, 0, 5, 5, 5])
+  ref = np.zeros((n, t), np.float32)
+  clip = 2.0
+  loss, aux = losses.ratio(lp, lp_b, ref, mask, rewards, ids, 0.0, ratio_clip=clip)
+  np.testing.assert_allclose(loss, _ratio_reference(lp, lp_b, mask, rewards, ids, clip), rtol=1e-5)
+  # Gradient: -rho_t A_j / T below the cap, 0 above it and at padding.
+  grad = jax.grad(lambda x: losses.ratio(x, lp_b, ref, mask, rewards, ids, 0.0, clip)[0])(lp)
+  rho = np.exp(lp - lp_b)
+  adv = np.asarray(aux.advantages)
+  want = np.where((rho < clip) & (mask > 0), -rho * adv[:, None], 0.0) / mask.sum()
+  np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-7)
+  above = (rho > clip) & (mask > 0)
+  assert 0 < above.sum() and float(aux.clip_fraction) == pytest.approx(above.sum() / mask.sum())
+  # beta shapes the reward by the KL the sample was drawn with before centring.
+  ref = rng.normal(-1.0, 1.0, (n, t)).astype(np.float32)
+  _, shaped = losses.ratio(lp, lp_b, ref, mask, rewards, ids, 0.5, clip)
+  r = rewards - 0.5 * ((lp_b - ref) * mask).sum(1)
+  np.testing.assert_allclose(shaped.advantages,
+                             r - np.array([r[ids == g].mean() for g in ids]), rtol=1e-5)
+
+
+def test_ratio_loss_overflowing_log_ratios_give_finite_gradients():
+  lp = jnp.array([[0.0, 200.0]])
+  grad = jax.grad(lambda x: losses.ratio(x, jnp.zeros((1, 2)), jnp.zeros((1, 2)),
+                                         jnp.array([[1.0, 0.0]]), jnp.array([1.0]),
+                                         jnp.array([0]), 0.0)[0])(lp)
+  assert np.all(np.isfinite(grad))

@@ -5,6 +5,7 @@ import struct
 
 import pytest
 
+from tba_jax import metrics
 from tba_jax.metrics import LatestFractionWatch, MetricsWriter, read_jsonl
 
 
@@ -116,3 +117,31 @@ def test_peak_watch_warns_only_past_the_noise_of_both_evaluations():
   message = watch(60, 0.60, 0.03)        # ... 0.20 below: a warning naming step and peak
   assert message is not None and "0.600" in message and "peak 0.800 at step 15" in message
   assert watch(75, 0.90, 0.0) is None and watch.best == (75, 0.90, 0.0)
+
+
+def test_the_console_summary_puts_the_headline_first_as_start_to_now():
+  start = {"eval/win_rate": 0.25, "eval/kl": 0.0, "eval/gold_reward": 0.1}
+  now = {"eval/gold_reward": 0.5, "eval/kl": 0.0123, "eval/win_rate": 0.75, "eval/pass@1": 1.0}
+  assert metrics.summary(["eval/win_rate", "eval/perplexity", "eval/kl"], start, now) == (
+      "eval/win_rate 0.250 -> 0.750, eval/kl 0.000 -> 0.012; "
+      "eval/gold_reward 0.500, eval/pass@1 1.000")
+  # No start (the step-0 evaluation itself, or a run that never made one): values alone.
+  assert metrics.summary(["eval/kl"], {}, {"eval/kl": 0.5}) == "eval/kl 0.500"
+  assert metrics.summary([], {}, {"eval/b": 2, "eval/a": 1}) == "eval/a 1.000, eval/b 2.000"
+
+
+def test_the_step_0_evaluation_and_the_latest_setup_are_read_back(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  assert metrics.evaluation(str(path), 0) == {}  # no file yet: a fresh run
+  _write(path, [
+      {"step": 0, "wall_time": 0.0, "run": {"task": {"name": "a"}}},
+      {"step": 0, "wall_time": 0.0, "eval/win_rate": 0.25, "eval_seconds": 3.0,
+       "eval/kl": "nan"},  # as MetricsWriter stores a non-finite value
+      {"step": 1, "wall_time": 1.0, "loss": 1.0},
+      {"step": 1, "wall_time": 1.5, "run": {"task": {"name": "b"}}},  # a resume
+  ])
+  with open(path, "a") as f:
+    f.write('{"step": 2, "run": {"ta')  # cut by a kill
+  assert metrics.evaluation(str(path), 0) == {"eval/win_rate": 0.25}
+  assert metrics.evaluation(str(path), 1) == {}
+  assert metrics.read_setup(str(path)) == {"task": {"name": "b"}}

@@ -7,7 +7,11 @@ SMALL = dict(vocab_size=8, dim=8, mlp_dim=8, num_layers=1, num_heads=2, num_kv_h
 
 
 @pytest.mark.parametrize("change,message", [
-    (dict(norm="batch"), "norm must be 'rms' or 'layer'"),
+    (dict(norm="batch"), r"norm must be one of \('rms', 'rms_plus_one', 'layer'\)"),
+    (dict(sliding_window=4), "give both"),
+    (dict(sliding_layers=(0,)), "give both"),
+    (dict(sliding_window=4, sliding_layers=(1,)), r"indices must lie in \[0, 1\)"),
+    (dict(local_rope_theta=1e4), "local_rope_theta needs sliding_layers"),
     (dict(position_embedding="alibi"), "position_embedding must be"),
     (dict(activation="relu"), "activation must be one of"),
     (dict(num_labels=-1), "num_labels=-1"),

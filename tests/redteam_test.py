@@ -109,6 +109,36 @@ def test_a_searcher_samples_each_batch_at_its_temperature_and_records_it(tiny_cf
   assert 1.0 in seen and any(t != 1.0 for t in seen)
 
 
+def test_attacks_are_5_to_21_tokens_with_their_eos_end_to_end():
+  """The gpt2 recipe's sampler through the searchers the run builds, scored by the reward
+  stage: every attack has 5 to 21 tokens, EOS included and last (the rule that replaces
+  Lee et al.'s lm = -500 below 5 tokens). An attacker that wants EOS at once stops at 5;
+  a random one mostly runs to the forced EOS at 21."""
+  from conftest import eos_searcher
+  from tba_jax.replay_buffer import ReplayBuffer
+  gpt2 = redteam_config.get_config("gpt2").sampler
+  c = redteam_config.get_config(
+      f"tiny,model.lora.rank=0,sampler.min_new_tokens={gpt2.min_new_tokens},"
+      f"sampler.max_new_tokens={gpt2.max_new_tokens},sampler.num_samples_per_prompt=8")
+  assert c.sampler.end_with_eos and gpt2.end_with_eos
+  pool, params, tok = eos_searcher(c)
+  eos = tok.eos_ids[0]
+  for version, shortest in ((0, True), (1, False)):
+    if version:
+      pool.publish(version, params)  # the random attacker itself
+    pool.search_round(1)
+    buffer = ReplayBuffer(dedup=False)
+    pool.merge(buffer)
+    attacks = buffer.entries()
+    assert len(attacks) == 8 and {e.version for e in attacks} == {version}
+    assert all(np.isfinite(e.reward) for e in attacks)
+    assert all(e.ended_with_eos and e.completion[-1] == eos for e in attacks)
+    assert all(int(eos) not in e.completion[:-1].tolist() for e in attacks)
+    lengths = [e.length for e in attacks]
+    assert min(lengths) >= 5 and max(lengths) <= 21
+    assert (set(lengths) == {5}) if shortest else (21 in lengths)
+
+
 # ---------------------------------------------------------------------------
 # Judges, the victim, diversity (tiny checkpoints in the real format, byte tokenizer).
 # ---------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def assert_same_entries(a, b):
 
 def assert_same_batch(a, b):
   for name in ("tokens", "attention_mask", "completion_mask", "ref_logprobs",
-               "behaviour_logprobs", "rewards", "group_ids", "versions"):
+               "behaviour_logprobs", "rewards", "group_ids", "prompt_ids", "versions"):
     np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
 
 
@@ -72,7 +72,7 @@ def test_layout_left_pads_prompt_right_pads_completion_and_masks_eos(include_eos
   assert batch.tokens.shape == (2, 11) and batch.completion_mask.shape == (2, 6)
   assert batch.prompt_len == 5
   assert batch.tokens.dtype == np.int32 and batch.completion_mask.dtype == np.float32
-  rows = {int(g): r for r, g in enumerate(batch.group_ids)}
+  rows = {int(g): r for r, g in enumerate(batch.prompt_ids)}
   r3, r5 = rows[3], rows[5]
   np.testing.assert_array_equal(batch.tokens[r3], [9, 9, 50, 51, 52, 11, 12, 2, 9, 9, 9])
   np.testing.assert_array_equal(batch.attention_mask[r3], [0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0])
@@ -100,8 +100,21 @@ def test_rows_are_grouped_contiguously_by_prompt_slot_with_fixed_shapes():
   for _ in range(5):
     batch, info = buf.sample(4, 3, 0.0, **SIZES)
     assert batch.tokens.shape == (12, 14)
-    np.testing.assert_array_equal(batch.group_ids, np.repeat(info["prompt_ids"], 3))
+    np.testing.assert_array_equal(batch.group_ids, np.repeat(np.arange(4), 3))
+    np.testing.assert_array_equal(batch.prompt_ids, np.repeat(info["prompt_ids"], 3))
     assert len(set(info["prompt_ids"].tolist())) == 4  # distinct prompts while possible
+
+
+def test_a_prompt_in_two_slots_is_two_groups_of_k():
+  """Fewer prompts than slots: a prompt fills two slots, and each slot is its own group
+  (the authors' one-slot micro-batches), never one merged group of 2K."""
+  buf = ReplayBuffer(seed=4)
+  fill(buf, 0, 6)
+  fill(buf, 1, 6, start=30)
+  batch, info = buf.sample(3, 2, 0.0, **SIZES)
+  assert sorted(set(info["prompt_ids"].tolist())) == [0, 1]  # one of them twice
+  np.testing.assert_array_equal(batch.group_ids, [0, 0, 1, 1, 2, 2])
+  np.testing.assert_array_equal(batch.prompt_ids, np.repeat(info["prompt_ids"], 2))
 
 
 def test_oversize_prompt_or_completion_names_the_prompt_and_changes_nothing():
@@ -156,7 +169,7 @@ def test_fraction_of_slots_from_the_latest_sync_follows_m(m):
     latest += info["num_from_latest"]
     assert info["num_latest_fallback"] == 0
     fl = info["from_latest"]
-    assert np.all(batch.versions[fl] == 1) and np.all(batch.group_ids[fl] >= 1000)
+    assert np.all(batch.versions[fl] == 1) and np.all(batch.prompt_ids[fl] >= 1000)
   assert binomial_ok(latest, slots, m), (latest, slots, m)
 
 
@@ -194,11 +207,13 @@ def test_latest_prompts_are_taken_without_replacement_then_reused_or_fall_back(r
 
 
 def test_latest_branch_draws_k_uniformly_from_the_newest_generation():
-  """The authors' CommentBuffer.get_batch: K at random among the n_online newest items,
-  with replacement only when fewer than K exist; never older entries."""
+  """The authors' CommentBuffer.get_batch: K at random among the n_online newest items
+  (those of the latest merge), with replacement only when fewer than K exist; never older
+  entries."""
   k, trials = 4, 1500
   buf = ReplayBuffer(seed=3)
   fill(buf, 0, 10, version=0, start=10)  # an older generation: tokens 10..19
+  buf.mark_sync()
   fill(buf, 0, 8, version=2, start=30)   # the newest: tokens 30..37
   buf.mark_sync()
   counts = np.zeros(8)
@@ -220,6 +235,35 @@ def test_latest_branch_draws_k_uniformly_from_the_newest_generation():
     batch, info = buf.sample(1, k, 1.0, **SIZES)
     drawn = batch.tokens[:, SIZES["max_prompt_len"]].tolist()
     assert info["with_replacement"][0] and set(drawn) == {50, 51, 52} and len(drawn) == k
+
+
+def test_the_m_branch_draws_what_the_prompt_received_at_its_latest_sync():
+  """A streamed group whose rows started under versions [3, 3, 4, 4] is one generation:
+  K = 4 of it, without replacement (not the two version-4 rows, each twice); and a
+  red-teaming prompt's generation is every batch merged at its latest sync, whatever
+  searchers and versions sampled them (the authors' n_online items)."""
+  buf = ReplayBuffer(seed=5)
+  fill(buf, 0, 4, version=2)
+  buf.mark_sync()
+  buf.add_many([make_entry(0, [30 + j, 2], version=v, last_version=4)
+                for j, v in enumerate([3, 3, 4, 4])])
+  buf.mark_sync()
+  for _ in range(20):
+    batch, info = buf.sample(1, 4, 1.0, **SIZES)
+    assert info["from_latest"][0] and not info["with_replacement"][0]
+    assert sorted(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == [30, 31, 32, 33]
+  for searcher, version in ((0, 5), (1, 6), (2, 5)):  # three batches of 2 in one merge
+    buf.add_many([make_entry(0, [50 + 2 * searcher + j, 2], version=version, searcher=searcher)
+                  for j in range(2)])
+  buf.mark_sync()
+  batch, info = buf.sample(1, 6, 1.0, **SIZES)
+  assert not info["with_replacement"][0]
+  assert sorted(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == list(range(50, 56))
+  # A window that refreshed no prompt leaves each prompt's generation as it was.
+  buf.mark_sync()
+  batch, info = buf.sample(1, 7, 1.0, **SIZES)
+  assert info["with_replacement"][0]  # 6 < K
+  assert set(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == set(range(50, 56))
 
 
 def test_mark_sync_windows_hold_the_prompts_refreshed_between_syncs():
@@ -266,8 +310,8 @@ def test_with_replacement_only_below_k_unique_entries(m):
   for pid, n in sizes.items():
     fill(buf, pid, n)
   for _ in range(30):
-    if m:  # re-adding one entry (a de-dup replace) makes all three prompts latest again
-      buf.add_many([buf.entries(pid)[0] for pid in sizes])
+    if m:  # re-adding the entries (de-dup replaces) makes them the latest merge again
+      buf.add_many(buf.entries())
       buf.mark_sync()
     _, info = buf.sample(3, k, m, **SIZES)
     assert info["from_latest"].tolist() == [bool(m)] * 3
@@ -420,7 +464,7 @@ def test_concurrent_add_sample_sync_and_save_keep_invariants():
     while not stop.is_set():
       batch, info = buf.sample(4, 3, 0.5, **SIZES)
       assert batch.tokens.shape == (12, 14)
-      np.testing.assert_array_equal(batch.group_ids, np.repeat(info["prompt_ids"], 3))
+      np.testing.assert_array_equal(batch.prompt_ids, np.repeat(info["prompt_ids"], 3))
       assert np.all(batch.attention_mask[:, SIZES["max_prompt_len"]] == 1)
 
   def syncer():
@@ -576,22 +620,30 @@ def test_freeze_size_caps_the_buffer_evicting_the_oldest_and_survives_a_restore(
   assert sorted(e.reward for e in lowest.entries()) == [1.0, 2.0, 5.0]
 
 
-def test_states_saved_before_temperature_last_version_and_the_cap_existed_still_load():
+def test_states_saved_before_temperature_last_version_windows_and_the_cap_existed_still_load():
   buf = ReplayBuffer(max_entries=8)
   buf.add_many([make_entry(0, [10, 2], 1.0, version=3, temperature=0.6, last_version=5),
                 make_entry(1, [11, 2], 2.0)])
+  buf.mark_sync()
+  buf.add(make_entry(0, [12, 2], 1.0))
+  buf.mark_sync()
   state = buf.state_dict()
   names = [n for n in rb._STATE_ARRAYS]
-  keep = [i for i, n in enumerate(names) if n not in ("temperature", "last_version")]
-  old = {k: v for k, v in state.items()
-         if k not in ("temperature", "last_version", "max_entries")}
+  old_fields = ("temperature", "last_version", "windows")
+  keep = [i for i, n in enumerate(names) if n not in old_fields]
+  old = {k: v for k, v in state.items() if k not in old_fields + ("max_entries",)}
   old["sizes"] = state["sizes"][keep]
   restored = ReplayBuffer(max_entries=8)
   restored.load_state_dict(old)
-  assert [e.reward for e in restored.entries()] == [1.0, 2.0]
-  assert [e.temperature for e in restored.entries()] == [1.0, 1.0]  # the default
-  assert [e.last_version for e in restored.entries()] == [3, 0]  # = version
+  assert [e.reward for e in restored.entries()] == [1.0, 2.0, 1.0]
+  assert [e.temperature for e in restored.entries()] == [1.0, 1.0, 1.0]  # the default
+  assert [e.last_version for e in restored.entries()] == [3, 0, 0]  # = version
   assert restored.max_entries == 8
+  # Without its windows the old state is one window: the m branch draws prompt 0's two
+  # entries (the current state: only its newest window's one).
+  for b, want in ((buf, [12]), (restored, [10, 12])):
+    batch, _ = b.sample(1, len(want), 1.0, rng=np.random.default_rng(0), **SIZES)
+    assert sorted(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == want
 
 
 def _levenshtein(a, b):

@@ -26,3 +26,10 @@ def test_an_annealed_schedule_is_given_where_it_bends():
   assert [int(s) for _, s in points] == [1, 250, 499, 500, 700]
   for value, step in points:
     assert float(value) == pytest.approx(beta(int(step)), rel=1e-3)
+
+
+@pytest.mark.parametrize("n,text", [(7, "7"), (41_912, "41.9K"), (103_488, "103K"),
+                                    (999_999, "1M"), (4_882_432, "4.88M"),
+                                    (134_515_008, "135M"), (1_235_814_400, "1.24B")])
+def test_parameter_counts_read_in_three_digits_never_as_0_0m(n, text):
+  assert run_info.count(n) == text

@@ -47,7 +47,7 @@ def test_sft_loss_is_transformers_and_training_lowers_it(tmp_path):
   # micro-batches the loss is the mean of their token means, as Lee et al. accumulate.)
   losses = sft.train(path, sft.read_rows(str(data)), out=out, steps=25, batch_size=8,
                      num_microbatches=1, learning_rate=3e-3, warmup_steps=0, weight_decay=0.0,
-                     grad_clip=1.0, log_every=25)
+                     grad_clip=1.0, dropout=0.0, log_every=25)
   assert losses[0] == pytest.approx(_hf_completion_nll(hf, ROWS), rel=1e-4)
   assert losses[-1] < 0.5 * losses[0]
   trained = transformers.AutoModelForCausalLM.from_pretrained(out)

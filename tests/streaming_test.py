@@ -5,6 +5,7 @@ import pytest
 
 from tba_jax import sharding, weight_sync
 from tba_jax.model import init_params
+from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.sampler import Sampler
 from tba_jax.searcher import PromptStream, Searcher
 from tba_jax.streaming import StreamingSearcher
@@ -85,7 +86,7 @@ def test_entries_equal_the_static_searchers_when_weights_do_not_change(tiny_cfg)
       np.testing.assert_allclose(a.behaviour_logprobs, b.behaviour_logprobs, atol=1e-5)
 
 
-def _version_run(cfg, in_flight_updates):
+def _version_run(cfg, in_flight_updates, num_samples=2):
   policy = init_params(cfg, 1)
   mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
   later = weight_sync.publish(init_params(cfg, 2), sharding.param_shardings(cfg, "searcher", mesh))
@@ -93,7 +94,7 @@ def _version_run(cfg, in_flight_updates):
   mailbox = SwitchingMailbox(
       weight_sync.publish(policy, sharding.param_shardings(cfg, "searcher", mesh)), later, at=2)
   searcher = _searcher(cfg, num_slots=4, mailbox=mailbox, chunk_steps=2, num_prompts=4,
-                       in_flight_updates=in_flight_updates)
+                       num_samples=num_samples, in_flight_updates=in_flight_updates)
   entries = []
   for _ in range(3):
     searcher.search_once()
@@ -107,6 +108,26 @@ def test_rows_in_flight_take_new_weights_and_record_both_versions(tiny_cfg):
   spans = {(e.version, e.last_version) for e in entries}
   assert (3, 4) in spans and (4, 4) in spans  # rows in flight kept going under version 4
   assert spans <= {(3, 3), (3, 4), (4, 4)}
+
+
+def test_a_streamed_group_spanning_two_versions_is_one_generation_for_the_m_branch(tiny_cfg):
+  """A prompt's S rows placed before and after a weight swap start under two versions; the
+  buffer's m branch draws all S of them, without replacement (it used to keep the newest
+  version's rows and fill K with repeats). 3 samples per prompt in 4 slots: the second
+  prompt's first row is placed with the first prompt's, its other two after the swap."""
+  entries = _version_run(tiny_cfg, in_flight_updates=True, num_samples=3)
+  groups = _groups(entries, 3)
+  split = [pid for pid, es in groups.items() if len({e.version for e in es}) == 2]
+  assert split, "no prompt's rows started under two versions"
+  buf = ReplayBuffer(dedup=False)
+  buf.add_many(entries)  # one merge: one sync window
+  buf.mark_sync()
+  batch, info = buf.sample(len(groups), 3, 1.0, max_prompt_len=4, max_completion_len=6,
+                           pad_id=0)
+  assert info["from_latest"].all() and not info["with_replacement"].any()
+  slot = list(info["prompt_ids"]).index(split[0])
+  assert sorted(batch.versions[3 * slot:3 * slot + 3].tolist()) == \
+      sorted(e.version for e in groups[split[0]])
 
 
 def test_without_in_flight_updates_every_entry_has_one_version(tiny_cfg):

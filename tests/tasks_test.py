@@ -3,6 +3,7 @@ import os
 
 import pytest
 
+from tba_jax.errors import DataError
 from tba_jax.tasks import arithmetic, gsm8k, read_records
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -57,9 +58,9 @@ def test_load_local_jsonl_directory_and_file(tmp_path):
   assert gsm8k.load("test", DATA + "/gsm8k_test.jsonl", limit=3)[2] == problems[2]
   (tmp_path / "test.jsonl").write_text(open(DATA + "/gsm8k_test.jsonl").read())
   assert gsm8k.load("test", str(tmp_path)) == problems
-  with pytest.raises(FileNotFoundError, match="no train.jsonl"):
+  with pytest.raises(DataError, match="no train.jsonl"):
     gsm8k.load("train", str(tmp_path))
-  with pytest.raises(FileNotFoundError, match="does not exist"):
+  with pytest.raises(DataError, match="does not exist"):
     gsm8k.load("test", "/nonexistent/gsm8k.jsonl")
 
 
@@ -115,9 +116,9 @@ def test_a_malformed_jsonl_line_is_named_by_file_and_line(tmp_path):
   path = tmp_path / "test.jsonl"
   good = '{"question": "q", "answer": "#### 1"}\n'
   path.write_text(good + "\n" + '{"question": "q" "answer": "#### 2"}\n')
-  with pytest.raises(ValueError, match=rf"^{path}, line 3: not valid JSON \(Expecting ',' "
-                                       r"delimiter at column 18\)"):
+  with pytest.raises(DataError, match=rf"^{path}, line 3: not valid JSON \(Expecting ',' "
+                                      r"delimiter, column 18\)"):
     gsm8k.load("test", str(path))
   path.write_text(good + "[1, 2]\n")
-  with pytest.raises(ValueError, match=rf"^{path}, line 2: expected a JSON object, got list"):
+  with pytest.raises(DataError, match=rf"^{path}, line 2: expected a JSON object, got list"):
     gsm8k.load("test", str(path))

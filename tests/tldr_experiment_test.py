@@ -60,6 +60,21 @@ def test_tiny_runs_async_with_win_rate_before_and_after_an_export_that_evaluates
     assert alone[key] == pytest.approx(final[key], rel=1e-4, abs=1e-6), key
 
 
+def test_tiny_with_lora_evaluates_against_the_base_and_exports_its_adapter(tmp_path):
+  """LoRA: the step-0 evaluation's reference is the base model under its own config (it
+  used to run the base's weights with the adapters' config and stop)."""
+  workdir = str(tmp_path / "run")
+  _run(_command("tldr", workdir, "tiny,model.lora.rank=4,num_train_steps=3,eval.every=0"))
+  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  evals = [r for r in rows if "eval/kl" in r]
+  assert [r["step"] for r in evals] == [0, 3]
+  assert evals[0]["eval/kl"] == pytest.approx(0.0, abs=1e-6)  # adapters start at 0
+  assert evals[1]["eval/kl"] > 0  # trained adapters moved the policy off the base
+  export = os.path.join(workdir, "export")
+  assert {"config.json", "model.safetensors", "adapter"} <= set(os.listdir(export))
+  assert json.load(open(os.path.join(workdir, "finished.json")))["step"] == 3
+
+
 def _steps(workdir):
   d = os.path.join(workdir, "checkpoints")
   return sorted(int(s) for s in os.listdir(d) if s.isdigit()) if os.path.isdir(d) else []

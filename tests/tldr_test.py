@@ -9,6 +9,7 @@ import pytest
 
 from tba_jax import config_builders, hf_checkpoints, rewards, sharding
 from tba_jax import tokenizer as tokenizer_lib
+from tba_jax.errors import DataError
 from tba_jax.evaluation import Policy
 from tba_jax.tasks import Problem, tldr
 
@@ -44,9 +45,9 @@ def test_rows_load_from_jsonl_or_parquet_with_the_datasets_field_names(tmp_path)
   (tmp_path / "bad" / "train.jsonl").write_text(json.dumps({"query": "q", "summary": "s"}))
   with pytest.raises(ValueError, match=r"row 0 lacks the text field\(s\) \['reference_response'\]"):
     tldr.load_rows("train", str(tmp_path / "bad"))
-  with pytest.raises(FileNotFoundError, match="no validation.jsonl or validation.parquet"):
+  with pytest.raises(DataError, match="no validation.jsonl or validation.parquet"):
     tldr.load_rows("validation", str(tmp_path / "bad"))
-  with pytest.raises(FileNotFoundError, match="is not a directory"):
+  with pytest.raises(DataError, match="is not a directory"):
     tldr.load_rows("train", str(tmp_path / "missing"))
 
 
@@ -143,6 +144,31 @@ def test_reward_is_the_score_at_the_eos_token_and_minus_one_without_eos(tmp_path
   assert got[1] == -1.0
 
 
+def test_an_eos_sampled_as_the_last_allowed_token_ends_the_summary_with_no_penalty():
+  """EOS in the 12th and last column (masked before it) is an ended completion of 12
+  tokens, scored by the reward model; only a summary cut off without EOS gets -1. The tiny
+  recipe's searchers, policy and reward model (random)."""
+  from conftest import eos_searcher
+  from configs import tldr as tldr_config
+  from tba_jax.replay_buffer import ReplayBuffer
+  c = tldr_config.get_config("tiny,sampler.min_new_tokens=11")  # max_new_tokens 12
+  pool, params, tok = eos_searcher(c)
+  assert tok.eos_ids[0] == EOS
+  seen = {True: [], False: []}
+  for version, policy in enumerate((None, params, params)):
+    if policy is not None:
+      pool.publish(version, policy)  # the random policy: mostly cut off at 12 tokens
+    pool.search_round(2)
+    buffer = ReplayBuffer(dedup=False)
+    pool.merge(buffer)
+    for e in buffer.entries():
+      assert e.length == 12 and e.ended_with_eos == (e.completion[-1] == EOS)
+      seen[e.ended_with_eos].append(e.reward)
+  assert len(seen[True]) >= 8 and len(seen[False]) >= 8
+  assert all(r != -1.0 for r in seen[True])  # ended: the reward model's score
+  assert all(r == -1.0 for r in seen[False])  # cut off: the penalty
+
+
 # ---------------------------------------------------------------------------
 # Evaluation against the authors' formulas (eval_tldr, src/perplexity.py, src/kl.py).
 # ---------------------------------------------------------------------------
@@ -209,6 +235,23 @@ def test_evaluation_matches_the_authors_win_rate_perplexity_and_kl(tmp_path, tok
   assert all(np.array(want["perplexity"]) < np.array(want["perplexity_per_token"]))  # the quirk
 
 
+def test_a_lora_policy_is_evaluated_against_its_base_with_each_its_own_config():
+  """The reference of a LoRA policy is the base (adapters off): its statistics run with
+  the base's config, and equal those of the merged policy evaluated as a plain model."""
+  from tba_jax import lora, model
+  from tba_jax.model import LoRAConfig
+  base_cfg = tldr.RANDOM_CLASSIFIER.replace(num_labels=0, vocab_size=258)
+  cfg = base_cfg.replace(lora=LoRAConfig(4, 8.0, base_cfg.projections))
+  base = model.init_params(base_cfg, 0)
+  adapters = jax.tree.map(lambda x: x + 0.05, lora.init_adapters(cfg, 1))  # B != 0: moved
+  policy = lora.combine(base, adapters)
+  rows = [([3, 4, 5], [6, 7]), ([9], [10, 11, 12])]
+  got = tldr.suffix_stats(cfg, policy, base_cfg, base, rows, _mesh(), PAD)
+  want = tldr.suffix_stats(base_cfg, lora.merge(cfg, policy), base_cfg, base, rows, _mesh(), PAD)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+  assert min(got[1]) > 0  # the adapters moved the policy off its reference
+
+
 def test_marker_and_eos_positions_and_a_text_without_a_marker_counts_nothing():
   assert tldr.last_marker_end([5, 6, 7, 5, 6], [5, 6]) == 5
   assert tldr.last_marker_end([5, 7], [5, 6]) is None
@@ -217,5 +260,5 @@ def test_marker_and_eos_positions_and_a_text_without_a_marker_counts_nothing():
   cfg = tldr.RANDOM_CLASSIFIER.replace(num_labels=0, vocab_size=258)
   from tba_jax import model
   params = model.init_params(cfg, 0)
-  nll, kl = tldr.suffix_stats(cfg, params, params, [([3, 4, 5], [])], _mesh(), PAD)
+  nll, kl = tldr.suffix_stats(cfg, params, cfg, params, [([3, 4, 5], [])], _mesh(), PAD)
   assert nll.tolist() == [0.0] and kl.tolist() == [0.0]

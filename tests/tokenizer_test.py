@@ -1,5 +1,7 @@
 """Tokenizers: the byte tokenizer, GGUF-metadata BPE, prompts' BOS, the real SmolLM2 one."""
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -15,6 +17,42 @@ def test_byte_tokenizer_round_trips_and_names_its_specials():
   assert tok.pad_id == 0 and tok.eos_ids == (1, 4)
   assert tok.chat_prompt("hi") == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
   assert tok.encode("<|im_end|>") == [4]
+
+
+# The part of Qwen3's chat template that the thinking switch changes (its generation prompt).
+_THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}")
+
+
+def test_chat_prompt_thinking_switch_reaches_the_template_and_the_task():
+  from configs import math as math_config
+  from tba_jax.tasks import math as math_task
+  tok = tokenizer.byte_tokenizer()
+  plain = tok.chat_prompt("hi")
+  with pytest.raises(ValueError, match="no thinking switch"):
+    tok.chat_prompt("hi", thinking=False)
+  tok.hf.chat_template = _THINKING_TEMPLATE
+  assert tok.chat_prompt("hi") == tok.chat_prompt("hi", thinking=True) == plain
+  assert tok.chat_prompt("hi", thinking=False) == plain + "<think>\n\n</think>\n\n"
+  for thinking, opens_closed in (("auto", False), ("on", False), ("off", True)):
+    c = math_config.get_config(f"tiny,task.prompt_style=chat,task.thinking={thinking}")
+    prompt = config_builders.build_task(c.task, tok).prompt
+    problem = math_task.load("test", math_config.TINY_DATA)[0]
+    assert prompt(problem).endswith("<think>\n\n</think>\n\n") == opens_closed
+
+
+def test_gemmas_end_of_turn_is_an_eos_id():
+  import transformers
+  from tokenizers import Tokenizer as RawTokenizer, models
+  vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<end_of_turn>": 3, "a": 4}
+  hf = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=RawTokenizer(models.WordLevel(vocab, unk_token="<pad>")),
+      pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+      additional_special_tokens=["<end_of_turn>"])
+  assert tokenizer._wrap(hf, tokenizer._chat_end_ids(hf)).eos_ids == (1, 3)
 
 
 def _write_tokenizer_gguf(path, pre, add_bos_token=None):
@@ -122,7 +160,7 @@ def test_task_prompts_get_their_bos_through_the_config_builders(llama_dir):
   tok = tokenizer.load(llama_dir)
   for style, templated in (("paper", False), ("chat", True)):
     c = ConfigDict(dict(name="arithmetic", prompt_style=style, question_suffix="",
-                        num_train_problems=0,
+                        num_train_problems=0, thinking="auto", verifier="paper_regex",
                         arithmetic=dict(ops="*", low=7, high=8, test_fraction=0.25, seed=0)))
     task = config_builders.build_task(c, tok)
     assert task.templated_prompts == templated
@@ -179,3 +217,17 @@ def test_saved_tokenizer_loads_in_transformers_beside_a_model_and_encodes_the_sa
   generation = json.loads((out / "generation_config.json").read_text())
   assert generation["eos_token_id"] == list(ours.eos_ids)
   assert generation["pad_token_id"] == ours.pad_id
+
+
+def test_no_pytorch_was_not_found_warning_where_tba_jax_does_not_use_torch():
+  # sys.modules["torch"] = None: transformers finds no torch, as before the test extras.
+  run = lambda code: subprocess.run(
+      [sys.executable, "-c", "import sys; sys.modules['torch'] = None\n" + code],
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
+      text=True, timeout=120)
+  plain = run("import transformers")
+  assert "PyTorch was not found" in plain.stderr  # what a user without torch saw
+  ours = run("from tba_jax import tokenizer\ntokenizer.byte_tokenizer()\nimport transformers\n"
+             "transformers.logging.get_logger('transformers').warning('other warnings stay')")
+  assert ours.returncode == 0, ours.stderr
+  assert "PyTorch was not found" not in ours.stderr and "other warnings stay" in ours.stderr

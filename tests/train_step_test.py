@@ -50,7 +50,7 @@ def make_batch(cfg, seed, group_ids, ref_params, policy_params=None, rewards=Non
       tokens=tokens, attention_mask=attention.astype(np.int32), completion_mask=completion_mask,
       ref_logprobs=np.zeros((n, TC), np.float32), behaviour_logprobs=np.zeros((n, TC), np.float32),
       rewards=np.asarray(rewards, np.float32), group_ids=np.asarray(group_ids, np.int32),
-      versions=np.zeros(n, np.int32))
+      prompt_ids=np.asarray(group_ids, np.int32), versions=np.zeros(n, np.int32))
   ref = np.asarray(token_logprobs(cfg, ref_params, batch)) * completion_mask
   behaviour = ref if policy_params is None else (
       np.asarray(token_logprobs(cfg, policy_params, batch)) * completion_mask)
@@ -151,15 +151,35 @@ def test_tb_gradient_equals_kl_penalised_reinforce(tiny_cfg):
     np.testing.assert_allclose(got, -2.0 / (beta * n) * np.asarray(pg), rtol=0, atol=1e-5 * scale)
 
 
-def test_microbatch_accumulation_equals_big_batch(tiny_cfg):
+# TB over M = 1, 2, 4, 8 (remat on for M = 2); the baselines over M = 1, 4.
+MICROBATCH_CASES = [(ts.tb_loss, (1, 2, 4, 8)), (ts.rloo_loss, (1, 4)), (ts.grpo_loss, (1, 4))]
+
+
+@pytest.mark.parametrize("loss_fn,counts", MICROBATCH_CASES, ids=["tb", "rloo", "grpo"])
+def test_loss_and_gradient_do_not_depend_on_the_number_of_microbatches(tiny_cfg, loss_fn, counts):
+  """8 groups (slots) of 2, rows shuffled, slots 0 and 1 the same prompt: every count of
+  micro-batches that divides the 8 groups gives the whole batch's loss and gradient."""
   params = np_params(tiny_cfg, 0)
-  ids = equal_groups(4, 4, seed=1)  # shuffled: a plain cut in two would split groups
-  batch = make_batch(tiny_cfg, 1, ids, np_params(tiny_cfg, 1))
-  big, [m_big] = run(tiny_cfg, params, [batch])
-  micro, [m_micro] = run(tiny_cfg, params, [batch], num_microbatches=2, remat=True)
-  assert_same_change(micro, big, params, 1e-6)  # SGD: the change is -lr * gradient
-  for key in ("loss", "grad_norm", "log_z_mean", "kl", "reward_mean", "num_tokens"):
-    np.testing.assert_allclose(m_micro[key], m_big[key], rtol=1e-6, err_msg=key)
+  slots = np.random.default_rng(1).permutation(np.repeat(np.arange(8), 2))
+  batch = make_batch(tiny_cfg, 1, slots, np_params(tiny_cfg, 1), policy_params=params)
+  batch = ts.TrainBatch(**{**vars(batch), "prompt_ids": np.maximum(slots, 1).astype(np.int32)})
+  # 2 devices: micro-batches down to 2 rows still split over them.
+  big, [m_big] = run(tiny_cfg, params, [batch], loss_fn=loss_fn, num_devices=2)
+  for m in counts[1:]:
+    micro, [m_micro] = run(tiny_cfg, params, [batch], loss_fn=loss_fn, num_devices=2,
+                           num_microbatches=m, remat=m == 2)
+    assert_same_change(micro, big, params, 1e-5)  # SGD: the change is -lr * gradient
+    for key in ("loss", "grad_norm", "reward_mean", "num_tokens"):
+      np.testing.assert_allclose(m_micro[key], m_big[key], rtol=1e-5, err_msg=(m, key))
+
+
+def test_microbatches_that_do_not_split_the_batch_evenly_are_refused(tiny_cfg):
+  batch = make_batch(tiny_cfg, 1, equal_groups(4, 4, seed=1), np_params(tiny_cfg, 1))
+  for m, devices in ((3, 1), (8, 4)):  # 16 rows: not in 3; 8 x 2 rows not over 4 devices
+    update, optimizer, shardings = cached_update(tiny_cfg, "sgd", devices, num_microbatches=m)
+    with pytest.raises(ValueError, match=f"num_microbatches={m} equal micro-batches of a "
+                       f"multiple of the trainer's {devices} fsdp devices"):
+      update(ts.init_state(np_params(tiny_cfg, 0), optimizer, shardings), batch)
 
 
 def test_update_is_invariant_to_row_order(tiny_cfg):
@@ -232,7 +252,7 @@ def test_update_compiles_once_for_fixed_batch_shape(tiny_cfg):
   assert TRACES[(tiny_cfg, "sgd", 4, 1, False, ts.tb_loss, "linear")] == 1
 
 
-@pytest.mark.parametrize("loss_fn", [ts.rloo_loss, ts.grpo_loss])
+@pytest.mark.parametrize("loss_fn", [ts.rloo_loss, ts.grpo_loss, ts.ratio_loss])
 def test_baselines_train_through_the_same_update(tiny_cfg, loss_fn):
   params = np_params(tiny_cfg, 0)
   ids = equal_groups(4, 4, seed=7)
@@ -360,13 +380,16 @@ def test_update_u_applies_and_reports_lr_of_u(tiny_cfg):
 def test_a_learned_log_z_descends_to_each_prompts_vargrad_value(tiny_cfg):
   """loss.log_z="learned": with the policy frozen, TB's gradient in log Z(x) is
   2 (log Z(x) + mean_j d_j) n_x / N, so plain SGD drives each prompt's entry of the table
-  to its minimiser, -mean_j d_j: VarGrad's estimate for that prompt."""
+  to its minimiser, -mean_j d_j: VarGrad's estimate for that prompt. The table is indexed
+  by prompt id, not by group: prompt 1 fills two slots."""
   params, ref_params = np_params(tiny_cfg, 0), np_params(tiny_cfg, 1)
   ids = np.array([1, 0, 1, 1, 0, 1, 0, 1])  # prompt 0: 3 rows, prompt 1: 5
-  batch = make_batch(tiny_cfg, 3, ids, ref_params)
+  slots = np.array([2, 0, 2, 3, 0, 3, 0, 3])  # prompt 1 in slots 2 and 3
+  batch = make_batch(tiny_cfg, 3, slots, ref_params)
+  batch = ts.TrainBatch(**{**vars(batch), "prompt_ids": ids.astype(np.int32)})
   _, want = losses.trajectory_balance(
       jnp.sum(token_logprobs(tiny_cfg, params, batch) * batch.completion_mask, -1),
-      jnp.sum(batch.ref_logprobs, -1), batch.rewards, batch.group_ids, BETA)
+      jnp.sum(batch.ref_logprobs, -1), batch.rewards, ids, BETA)  # VarGrad per prompt
   mesh = mesh_of(2)
   learned = ts.LearnedLogZ(optax.sgd(0.4), num_prompts=3)  # id 2 never trains
   optimizer = optax.sgd(0.0)
@@ -406,3 +429,31 @@ def test_entropy_and_policy_drift_diagnostics(tiny_cfg):
   entropy = -(p * np.log(p)).sum(-1)
   expected = ((entropy * mask).sum(1) / mask.sum(1)).mean()
   assert m_fresh["entropy"] == m_stale["entropy"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_dropout_changes_the_update_only_when_enabled_and_reproducibly(tiny_cfg):
+  """model.dropout = 0 (every recipe but red-teaming's GPT-2) compiles the update without
+  a random number; 0.1 changes the loss, the same (seed, step) giving the same masks."""
+  params = np_params(tiny_cfg, 0)
+  batch = make_batch(tiny_cfg, 9, equal_groups(4, 4, seed=9), np_params(tiny_cfg, 1))
+  mesh, optimizer = mesh_of(2), optax.sgd(1.0)
+  shardings = ts.state_shardings(tiny_cfg, optimizer, mesh)
+
+  def update(rate, seed=0):
+    return ts.make_update(tiny_cfg, optimizer, ts.tb_loss, SCHEDULES["constant"], mesh,
+                          temperature=TEMPERATURE, dropout=rate, dropout_seed=seed)
+
+  def loss(update, steps=1):
+    state = ts.init_state(params, optimizer, shardings)
+    for _ in range(steps):
+      state, metrics = update(state, batch)
+    return float(metrics["loss"])
+
+  plain, dropped = update(0.0), update(0.1)
+  state = ts.init_state(params, optimizer, shardings)
+  assert "threefry" not in plain.lower(state, batch).as_text()
+  assert "threefry" in dropped.lower(state, batch).as_text()
+  with_dropout = loss(dropped)
+  assert abs(with_dropout - loss(plain)) > 1e-3 * loss(plain)
+  assert loss(dropped) == with_dropout  # the same seed and step: the same masks
+  assert loss(update(0.1, seed=1)) != with_dropout

@@ -2,7 +2,10 @@
 
 import dataclasses
 import json
+import os
 from typing import Any, Callable, Sequence
+
+from tba_jax.errors import DataError, UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -11,7 +14,23 @@ class Problem:
   id: int  # stable within a split: the replay buffer's prompt id
   question: str
   answer: str  # full reference solution, "... #### 42"
-  gold: float
+  gold: float | str  # the gold answer: GSM8K's number; MATH's LaTeX string ("\\frac{1}{2}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+  """A metrics.jsonl key and what it measures, as the plot, the progress output and the
+  final line show it."""
+  key: str        # "eval/win_rate"
+  label: str      # "win rate against the reference summaries"
+  unit: str = ""  # "fraction", "nats", ...; "" when the label says it all
+
+
+# A task scored by its reward alone (a custom Task's defaults): the mean reward of the
+# trained batches and of the held-out evaluation's completions.
+REWARD_METRIC = Metric("reward_mean", "train reward (mean of the trained batch)")
+REWARD_HEADLINE = (Metric("eval/sampled_pass@1", "held-out reward, sampled (mean)"),
+                   Metric("eval/greedy_pass@1", "held-out reward, greedy (mean)"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,16 +51,53 @@ class Task:
   # evaluation.Policy) -> {name: per-row values or one float} (evaluation.MetricsFn), called
   # on every completion of an evaluation pass; None: only the reward-based metrics.
   evaluation: Any = None
+  name: str = "custom"  # in the banner and in metrics.jsonl's record of the run
+  # What says whether a run learned: the trained batches' reward, described for this task,
+  # and the evaluation metrics the final line and each evaluation's progress line give as
+  # `start -> now`, and the plot tool draws (the first is the headline).
+  reward_metric: Metric = REWARD_METRIC
+  headline: tuple[Metric, ...] = REWARD_HEADLINE
+
+  def check(self) -> None:
+    """Refuses an empty split before a run uses it: the searchers shard `train` and the
+    evaluation reads `test`, and either would fail deep inside, after writing the workdir."""
+    for split in ("train", "test"):
+      if not len(getattr(self, split)):
+        raise UserError(f"the {self.name} task has no {split} problems (Task.{split} is empty)")
+
+
+def split_file(path: str, split: str, what: str) -> str:
+  """The file holding `split` ("train" / "test") of a local data path: the path itself
+  when it is a file; in a directory `{split}.jsonl` or `.parquet`, else the one file
+  below it whose name starts with the split (a hub snapshot's
+  data/test-00000-of-00001.parquet). `what` names the data set in errors."""
+  if os.path.isfile(path):
+    return path
+  if not os.path.isdir(path):
+    raise DataError(f"{what} path {path!r} does not exist")
+  for ext in (".jsonl", ".parquet"):
+    if os.path.exists(os.path.join(path, split + ext)):
+      return os.path.join(path, split + ext)
+  found = sorted(os.path.join(d, f) for d, _, files in os.walk(path) for f in files
+                 if f.startswith(split) and f.endswith((".jsonl", ".parquet")))
+  if len(found) != 1:
+    raise DataError(f"{path}: no {split}.jsonl or {split}.parquet" +
+                            (f" (several candidates: {found})" if found else ""))
+  return found[0]
 
 
 def read_records(path: str) -> list[dict]:
-  """The rows of a .jsonl file (one JSON object a line) or a .parquet file, as dicts."""
+  """The rows of a .jsonl file (one JSON object a line) or a .parquet file, as dicts.
+
+  A file with no rows, a line that is not JSON or not an object: a DataError naming
+  the file and the line.
+  """
   if path.endswith(".parquet"):
     try:
       import pyarrow.parquet as pq
     except ImportError:
       raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from None
-    return pq.read_table(path).to_pylist()
+    return _some(path, pq.read_table(path).to_pylist())
   rows = []
   with open(path) as f:
     for number, line in enumerate(f, 1):
@@ -50,9 +106,16 @@ def read_records(path: str) -> list[dict]:
       try:
         row = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}, line {number}: not valid JSON ({e.msg} at column {e.colno})") \
-            from None
+        # (json's "Invalid control character at" ends with the column it leaves out)
+        raise DataError(f"{path}, line {number}: not valid JSON "
+                        f"({e.msg.removesuffix(' at')}, column {e.colno})") from None
       if not isinstance(row, dict):
-        raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
+        raise DataError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
       rows.append(row)
+  return _some(path, rows)
+
+
+def _some(path: str, rows: list[dict]) -> list[dict]:
+  if not rows:
+    raise DataError(f"{path}: the file holds no rows (it is empty)")
   return rows

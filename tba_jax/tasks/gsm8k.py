@@ -10,13 +10,19 @@ and "+7" is 7; a decimal with an exponent splits ("1.5e3" reads 1.5, then 3), an
 """
 from __future__ import annotations
 
-import os
 import re
 
-from tba_jax.tasks import Problem, read_records
+from tba_jax.errors import DataError
+from tba_jax.tasks import Metric, Problem, read_records, split_file
 
 PAPER_PROMPT = "[MATH TASK] Problem:\n{question}\n\nSolution:\n"
 HUB_ID = "openai/gsm8k"
+# What the run prints as `start -> end` and the plot tool draws (tasks.Task.headline); the
+# offline arithmetic task is scored the same way.
+REWARD_METRIC = Metric("reward_mean", "train reward: share of correct answers in the batch",
+                       "fraction")
+HEADLINE = (Metric("eval/sampled_pass@1", "held-out accuracy, sampled (pass@1)", "fraction"),
+            Metric("eval/greedy_pass@1", "held-out accuracy, greedy", "fraction"))
 _NUMBER = re.compile(r"(?:[+-]?\d+\.\d*|[+-]?\.\d+|[+-]?\d+e[-+]?\d+|[+-]?\d+)")
 
 
@@ -42,14 +48,15 @@ def reward(completion: str, gold: float) -> float:
   return float(value is not None and value == gold)
 
 
-def make_prompt(question: str, style: str, tokenizer=None) -> str:
-  """`style`: "paper" (the TBA paper's prompt) or "chat" (the tokenizer's chat template)."""
+def make_prompt(question: str, style: str, tokenizer=None, thinking: bool | None = None) -> str:
+  """`style`: "paper" (the TBA paper's prompt) or "chat" (the tokenizer's chat template,
+  with `thinking` its reasoning switch: Qwen3's enable_thinking; None: the default)."""
   if style == "paper":
     return PAPER_PROMPT.format(question=question)
   if style == "chat":
     if tokenizer is None:
       raise ValueError("the chat prompt style needs a tokenizer")
-    return tokenizer.chat_prompt(question)
+    return tokenizer.chat_prompt(question, thinking=thinking)
   raise ValueError(f"unknown prompt style {style!r} (paper, chat)")
 
 
@@ -59,33 +66,30 @@ def _hub_file(split: str) -> str:
     return huggingface_hub.hf_hub_download(
         HUB_ID, f"main/{split}-00000-of-00001.parquet", repo_type="dataset")
   except Exception as e:
-    raise OSError(f"could not fetch GSM8K ({HUB_ID}, {split}) from the Hugging Face hub "
-                  f"({type(e).__name__}: {e}); pass a local path (a directory with "
-                  f"{split}.jsonl, or a .jsonl/.parquet file)") from None
+    raise DataError(f"could not fetch GSM8K ({HUB_ID}, {split}) from the Hugging Face hub "
+                    f"({type(e).__name__}: {e}); pass a local path (a directory with "
+                    f"{split}.jsonl, or a .jsonl/.parquet file)") from None
+
+
+def data_file(split: str, path: str | None = None) -> str:
+  """The file `load(split, path)` reads: the hub's, or one of a local path (tasks.split_file:
+  the path itself when it is a file, then every split is that file)."""
+  return _hub_file(split) if path is None else split_file(path, split, "GSM8K")
 
 
 def load(split: str, path: str | None = None, limit: int | None = None) -> list[Problem]:
-  """GSM8K `split` ("train" / "test") from the hub, or from a local path.
-
-  `path` may be a directory holding `{split}.jsonl` (or `.parquet`), or a file.
-  """
-  if path is None:
-    file = _hub_file(split)
-  elif os.path.isdir(path):
-    candidates = [os.path.join(path, f"{split}{ext}") for ext in (".jsonl", ".parquet")]
-    file = next((c for c in candidates if os.path.exists(c)), None)
-    if file is None:
-      raise FileNotFoundError(f"{path}: no {split}.jsonl or {split}.parquet")
-  elif os.path.exists(path):
-    file = path
-  else:
-    raise FileNotFoundError(f"GSM8K path {path!r} does not exist")
+  """GSM8K `split` ("train" / "test") from the hub, or from a local path (`data_file`)."""
+  file = data_file(split, path)
   rows = read_records(file)
   if limit is not None:
     rows = rows[:limit]
   problems = []
   for i, row in enumerate(rows):
     if "question" not in row or "answer" not in row:
-      raise ValueError(f"{file}: row {i} lacks 'question'/'answer' (keys: {sorted(row)})")
-    problems.append(Problem(i, row["question"], row["answer"], gold_answer(row["answer"])))
+      raise DataError(f"{file}: row {i} lacks 'question'/'answer' (keys: {sorted(row)})")
+    try:
+      gold = gold_answer(row["answer"])
+    except ValueError as e:
+      raise DataError(f"{file}: row {i}: {e}") from None
+    problems.append(Problem(i, row["question"], row["answer"], gold))
   return problems

@@ -58,9 +58,11 @@ import numpy as np
 
 from tba_jax import batch as batch_lib
 from tba_jax import hf_checkpoints, model, rewards, sharding
+from tba_jax.config_checks import ConfigError
+from tba_jax.errors import DataError
 from tba_jax.model_config import ModelConfig
 from tba_jax.sampler import _bucket
-from tba_jax.tasks import Problem, Task, read_records
+from tba_jax.tasks import Metric, Problem, Task, read_records
 
 HUB_ID = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
 MARKER = "TL;DR:"  # where the summary starts (the authors' prompt_template)
@@ -87,7 +89,7 @@ def _hub_files(split: str) -> list[str]:
     root = huggingface_hub.snapshot_download(HUB_ID, repo_type="dataset",
                                              allow_patterns=[f"*{split}-*.parquet"])
   except Exception as e:
-    raise OSError(f"could not fetch TL;DR ({HUB_ID}, {split}) from the Hugging Face hub "
+    raise DataError(f"could not fetch TL;DR ({HUB_ID}, {split}) from the Hugging Face hub "
                   f"({type(e).__name__}: {e}); pass a local directory with {split}.jsonl or "
                   f"{split}.parquet (--config.task.data_path)") from None
   files = sorted(glob.glob(os.path.join(root, "**", f"{split}-*.parquet"), recursive=True))
@@ -103,16 +105,16 @@ def load_rows(split: str, path: str | None = None) -> list[dict]:
     files = _hub_files(split)
   else:
     if not os.path.isdir(path):
-      raise FileNotFoundError(f"TL;DR data_path {path!r} is not a directory")
+      raise DataError(f"TL;DR data_path {path!r} is not a directory")
     files = [f for f in (os.path.join(path, f"{split}{ext}") for ext in (".jsonl", ".parquet"))
              if os.path.exists(f)][:1]
     if not files:
-      raise FileNotFoundError(f"{path}: no {split}.jsonl or {split}.parquet")
+      raise DataError(f"{path}: no {split}.jsonl or {split}.parquet")
   rows = [row for f in files for row in read_records(f)]
   for i, row in enumerate(rows):
     missing = [k for k in FIELDS if not isinstance(row.get(k), str)]
     if missing:
-      raise ValueError(f"{files[0]}: row {i} lacks the text field(s) {missing} "
+      raise DataError(f"{files[0]}: row {i} lacks the text field(s) {missing} "
                        f"(keys: {sorted(row)})")
   return rows
 
@@ -133,7 +135,7 @@ def check_tokenizer(tokenizer, source: str) -> None:
   """Stops when the tokenizer lacks the EOS or a pad token of its own (module docstring)."""
   hf = tokenizer.hf
   if hf.eos_token_id is None or hf.pad_token_id is None or hf.pad_token_id == hf.eos_token_id:
-    raise ValueError(
+    raise ConfigError(
         f"the TL;DR task needs the SFT tokenizer's special tokens, EOS <|endoftext|> (id 0) "
         f"and pad <|padding|> (id 1); the tokenizer from {source!r} has EOS "
         f"{hf.eos_token!r} ({hf.eos_token_id}) and pad {hf.pad_token!r} ({hf.pad_token_id}). "
@@ -186,17 +188,18 @@ def before_first(ids: Sequence[int], token: int) -> list[int]:
   return ids[:ids.index(token)] if token in ids else ids
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "prefix_len"))
-def _suffix_stats(params, reference, tokens, mask, *, model_config, prefix_len):
+@functools.partial(jax.jit, static_argnames=("model_config", "reference_config", "prefix_len"))
+def _suffix_stats(params, reference, tokens, mask, *, model_config, reference_config, prefix_len):
   """Per row (NLL of the suffix tokens under `reference`, KL(ref || pi) summed over the
-  suffix positions), for rows [prefix (left-padded) | suffix (right-padded)] at prefix_len."""
+  suffix positions), for rows [prefix (left-padded) | suffix (right-padded)] at prefix_len.
+  Each policy runs with its own config (a LoRA policy's reference is the base)."""
   positions = model.positions_from_mask(mask)
 
-  def log_probs(p):  # [B, Tc + 1, V]: the distributions at positions prefix_len - 1 ...
-    hidden, _ = model.forward(model_config, p, tokens, positions, mask)
-    return jax.nn.log_softmax(model.unembed(model_config, p, hidden[:, prefix_len - 1:]), -1)
+  def log_probs(cfg, p):  # [B, Tc + 1, V]: the distributions at positions prefix_len - 1 ...
+    hidden, _ = model.forward(cfg, p, tokens, positions, mask)
+    return jax.nn.log_softmax(model.unembed(cfg, p, hidden[:, prefix_len - 1:]), -1)
 
-  ref, pi = log_probs(reference), log_probs(params)
+  ref, pi = log_probs(reference_config, reference), log_probs(model_config, params)
   suffix, counted = tokens[:, prefix_len:], mask[:, prefix_len:] > 0
   # ref[:, t] predicts suffix token t; ref[:, t + 1] is the distribution AT suffix token t,
   # where the authors' KL counts (their labels mask is not shifted).
@@ -206,10 +209,12 @@ def _suffix_stats(params, reference, tokens, mask, *, model_config, prefix_len):
           jnp.sum(jnp.where(counted, kl, 0.0), axis=1))
 
 
-def suffix_stats(model_config, params, reference, rows: Sequence[tuple[list[int], list[int]]],
-                 mesh, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+def suffix_stats(model_config, params, reference_config, reference,
+                 rows: Sequence[tuple[list[int], list[int]]], mesh,
+                 pad_id: int) -> tuple[np.ndarray, np.ndarray]:
   """(NLL sums [N], KL sums [N]) of the (prefix, suffix) token rows on `mesh` (params and
-  reference already there); one prefix / suffix bucket for all rows, so one compile."""
+  reference already there, each of its config); one prefix / suffix bucket for all rows,
+  so one compile."""
   tp = _bucket(max(len(p) for p, _ in rows), LENGTH_BUCKETS, "TL;DR prefix length")
   tc = _bucket(max(len(s) for _, s in rows), LENGTH_BUCKETS, "TL;DR summary length")
   b = -(-STATS_ROWS // sharding.batch_size_multiple("searcher", mesh)) * \
@@ -222,7 +227,7 @@ def suffix_stats(model_config, params, reference, rows: Sequence[tuple[list[int]
     tokens, mask = batch_lib.token_rows([p for p, _ in chunk], [s for _, s in chunk], tp, tc,
                                         pad_id)
     out = _suffix_stats(params, reference, place(tokens), place(mask), model_config=model_config,
-                        prefix_len=tp)
+                        reference_config=reference_config, prefix_len=tp)
     n = min(b, len(rows) - start)
     nll.append(np.asarray(out[0])[:n])
     kl.append(np.asarray(out[1])[:n])
@@ -271,8 +276,8 @@ class Evaluation:
       reference = np.array([reference_scores[p.id] for p in batch.problems])
       ends = [last_marker_end(s, marker) for s in ids]
       split = [(s[:e], s[e:]) if e is not None else (s, []) for s, e in zip(ids, ends)]
-      nll, kl = suffix_stats(policy.model_config, policy.params, policy.reference, split, mesh,
-                             tok.pad_id)
+      nll, kl = suffix_stats(policy.model_config, policy.params, policy.reference_config,
+                             policy.reference, split, mesh, tok.pad_id)
       counted = np.array([max(len(s), 1) for _, s in split], np.float64)
       total = np.array([len(s) for s in ids], np.float64)
       return {"win_rate": (generated > reference).astype(np.float64),
@@ -286,6 +291,15 @@ class Evaluation:
 # ---------------------------------------------------------------------------
 # The task.
 # ---------------------------------------------------------------------------
+# What the run prints as `start -> end` and the plot tool draws (tasks.Task.headline).
+REWARD_METRIC = Metric("reward_mean", "train reward: the reward model's score (-1 without EOS)")
+HEADLINE = (
+    Metric("eval/win_rate", "win rate against the reference summaries (gold reward model)",
+           "fraction"),
+    Metric("eval/perplexity", "perplexity under the SFT policy (Table 1's definition)"),
+    Metric("eval/kl", "KL(pi_ref || pi) per summary token", "nats"))
+
+
 def make_task(train: Sequence[Problem], test: Sequence[Problem], tokenizer, *, reward_model: str,
               gold_reward_model: str, dtype: str = "float32") -> Task:
   """The TL;DR Task: prompts are the queries, the reward and evaluation as above."""
@@ -293,4 +307,5 @@ def make_task(train: Sequence[Problem], test: Sequence[Problem], tokenizer, *, r
       train=train, test=test, prompt=lambda p: p.question,
       reward=Reward(reward_model, no_eos_reward=-1.0, dtype=dtype, pad_id=tokenizer.pad_id,
                     vocab_size=tokenizer.vocab_size),
-      evaluation=Evaluation(gold_reward_model, tokenizer, dtype))
+      evaluation=Evaluation(gold_reward_model, tokenizer, dtype), name="tldr",
+      reward_metric=REWARD_METRIC, headline=HEADLINE)
