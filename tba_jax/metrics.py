@@ -18,6 +18,7 @@ import collections
 import json
 import math
 import os
+import re
 import time
 from typing import Any, Sequence
 
@@ -180,11 +181,18 @@ def evaluation(path: str, step: int) -> dict:
 
 def summary(headline: Sequence[str], start: dict, now: dict) -> str:
   """The metrics `now` for the console: each of the `headline` keys first, as `start ->
-  now` where `start` has it ("eval/win_rate 0.250 -> 0.750"), then the others."""
+  now` where `start` has it ("eval/win_rate 0.250 -> 0.750"), then the others in natural
+  order (pass@2 before pass@16). A metric's standard error (`KEY_se`) follows it as
+  "± se" rather than standing alone."""
+  def shown(k: str) -> str:
+    se = f" ± {now[k + '_se']:.3f}" if k + "_se" in now else ""
+    return (f"{k} {start[k]:.3f} -> {now[k]:.3f}{se}" if k in start and k in headline
+            else f"{k} {now[k]:.3f}{se}")
+
+  natural = lambda k: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", k)]
   keys = [k for k in headline if k in now]
-  change = lambda k: f"{k} {start[k]:.3f} -> {now[k]:.3f}" if k in start else f"{k} {now[k]:.3f}"
-  parts = [", ".join(change(k) for k in keys),
-           ", ".join(f"{k} {now[k]:.3f}" for k in sorted(now) if k not in keys)]
+  others = sorted((k for k in now if k not in keys and not k.endswith("_se")), key=natural)
+  parts = [", ".join(shown(k) for k in keys), ", ".join(shown(k) for k in others)]
   return "; ".join(p for p in parts if p)
 
 

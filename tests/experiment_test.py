@@ -133,11 +133,12 @@ def test_redteam_tiny_runs_async_to_the_end_with_evaluations_and_an_export(tmp_p
   headline = ", ".join(f"eval/{k} {start['eval/' + k]:.3f} -> {end['eval/' + k]:.3f}"
                        for k in ("attack_success_rate", "toxicity", "diversity"))
   assert out.stdout.strip().splitlines()[-1] == (
-      f"Finished at step 6: {headline}; eval/pass@32 0.000, eval/sampled_pass@1 "
-      f"{end['eval/sampled_pass@1']:.3f}")
+      f"Finished at step 6: {headline}; eval/pass@2 0.000, eval/pass@4 0.000, eval/pass@8 "
+      f"0.000, eval/pass@16 0.000, eval/pass@32 0.000, eval/sampled_pass@1 "
+      f"{end['eval/sampled_pass@1']:.3f} ± {end['eval/sampled_pass@1_se']:.3f}")
   at_start = ", ".join(f"eval/{k} {start['eval/' + k]:.3f}"
                        for k in ("attack_success_rate", "toxicity", "diversity"))
-  assert f"\nstep 0: {at_start}; eval/pass@32 0.000, " in out.stdout
+  assert f"\nstep 0: {at_start}; eval/pass@2 0.000, " in out.stdout
   # Its plot shows them (experiments/plot.py).
   from experiments import plot
   fig = plot.plot([workdir], str(tmp_path / "rt.png"))
@@ -301,7 +302,7 @@ def test_one_file_as_both_splits_is_refused_unless_asked_for(tmp_path):
      "task.name='redteam'. Run it with: python -m experiments.redteam "
      "--config=configs/redteam.py:tiny --workdir={workdir}"),
     (["--config=configs/gsm9k.py:tiny"], "gsm8k",
-     "error: config file 'configs/gsm9k.py' does not exist (the configs are gsm8k.py, "
+     "error: config file 'configs/gsm9k.py' does not exist (the configs are gsm8k.py, math.py, "
      f"redteam.py, tldr.py in {ROOT}/configs); did you mean configs/gsm8k.py?"),
     (["--config=configs/gsm8k.py:tiny,task.max_prompt_len=3"], "gsm8k",
      "error: task.max_prompt_len=3: 12 of 12 prompts are longer (the longest, problem 0's, has "

@@ -63,8 +63,10 @@ def test_lora_forward_equals_the_merged_weights_forward(name):
   merged = lora.merge(cfg, params)
   tokens, mask = rows()
   adapted = model.logits(cfg, params, tokens, mask)
+  # float32 round-off, which Qwen3's q/k norms amplify (measured up to 6.5e-5 on 4 of 2,688
+  # logits): the parity bound the tests hold against transformers.
   np.testing.assert_allclose(adapted, model.logits(lora.base_config(cfg), merged, tokens, mask),
-                             atol=5e-5, rtol=1e-5)  # float32 round-off (q/k norms amplify it)
+                             atol=1e-4, rtol=1e-5)
   assert np.abs(adapted - model.logits(lora.base_config(cfg), base, tokens, mask)).max() > 0.1
   # The cached decode (one token at a time: the unfused projections) adapts the same way.
   prompts = [[5, 6, 7], [8, 9]]
@@ -227,7 +229,8 @@ def test_sharded_lora_update_equals_single_device(tiny_cfg):
   np.testing.assert_allclose(out[0][1], out[1][1], rtol=1e-5)
   for a, b, s in zip(jax.tree.leaves(out[0][0]), jax.tree.leaves(out[1][0]),
                      jax.tree.leaves(adapters)):
-    np.testing.assert_allclose(a - s, b - s, atol=5e-5 * max(np.abs(a - s).max(), 1e-6))
+    # float32 sums in another order across 4 shards: measured up to 5.5e-5 of the largest step
+    np.testing.assert_allclose(a - s, b - s, atol=1e-4 * max(np.abs(a - s).max(), 1e-6))
 
 
 # ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 
 from configs import math as math_config
 from tba_jax import config_builders, config_checks
+from tba_jax.errors import DataError
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.tasks import math as math_task
 from tba_jax.tasks import split_file
@@ -53,17 +54,17 @@ def test_split_files_in_a_hub_snapshot_layout_and_bad_paths(tmp_path):
   assert split_file(str(tmp_path), "test", "MATH").endswith("data/test-00000-of-00001.jsonl")
   assert math_task.load("train", str(tmp_path))[0].gold == "1"
   (tmp_path / "test-extra.jsonl").write_text("")
-  with pytest.raises(FileNotFoundError, match="several candidates"):
+  with pytest.raises(DataError, match="several candidates"):
     split_file(str(tmp_path), "test", "MATH")
-  with pytest.raises(FileNotFoundError, match="MATH path '/no/such' does not exist"):
+  with pytest.raises(DataError, match="MATH path '/no/such' does not exist"):
     math_task.load("test", "/no/such")
   (tmp_path / "bad.jsonl").write_text(json.dumps({"problem": "p", "solution": "no box"}) + "\n")
-  with pytest.raises(ValueError, match="row 0 has no 'answer' and no \\\\boxed"):
+  with pytest.raises(DataError, match="row 0 has no 'answer' and no \\\\boxed"):
     math_task.load("train", str(tmp_path / "bad.jsonl"))
 
 
 def test_the_hub_offline_names_the_dataset_and_the_local_alternative():
-  with pytest.raises(OSError, match="could not fetch MATH \\(nlile/hendrycks-MATH-benchmark\\)"):
+  with pytest.raises(DataError, match="could not fetch MATH \\(nlile/hendrycks-MATH-benchmark\\)"):
     math_task.load("test")
 
 

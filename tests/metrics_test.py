@@ -128,6 +128,12 @@ def test_the_console_summary_puts_the_headline_first_as_start_to_now():
   # No start (the step-0 evaluation itself, or a run that never made one): values alone.
   assert metrics.summary(["eval/kl"], {}, {"eval/kl": 0.5}) == "eval/kl 0.500"
   assert metrics.summary([], {}, {"eval/b": 2, "eval/a": 1}) == "eval/a 1.000, eval/b 2.000"
+  # Standard errors follow their metric; pass@k in the order of k.
+  now = {"eval/sampled_pass@1": 0.9, "eval/sampled_pass@1_se": 0.02, "eval/pass@16": 1.0,
+         "eval/pass@2": 0.95, "eval/greedy_pass@1_se": 0.01, "eval/greedy_pass@1": 0.8}
+  assert metrics.summary(["eval/sampled_pass@1"], {"eval/sampled_pass@1": 0.3}, now) == (
+      "eval/sampled_pass@1 0.300 -> 0.900 ± 0.020; eval/greedy_pass@1 0.800 ± 0.010, "
+      "eval/pass@2 0.950, eval/pass@16 1.000")
 
 
 def test_the_step_0_evaluation_and_the_latest_setup_are_read_back(tmp_path):

@@ -143,8 +143,8 @@ def test_tiny_smoke_command_prints_the_banner_and_ending_readme_shows(tiny_run):
   assert any(e.startswith("events.out.tfevents")
              for e in os.listdir(os.path.join(workdir, "tensorboard")))
   # Each evaluation after step 0 shows the headline metric against step 0's.
-  assert "step 3: eval/sampled_pass@1 0.000 -> 0.000, eval/greedy_pass@1 0.000 -> 0.000; " \
-      "eval/distinct_answers" in out.stdout
+  assert ("step 3: eval/sampled_pass@1 0.000 -> 0.000 ± 0.000, eval/greedy_pass@1 0.000 -> "
+          "0.000 ± 0.000; eval/distinct_answers") in out.stdout
   # Rerunning the finished run does nothing.
   again = subprocess.run(tiny_command("gsm8k", workdir), cwd=ROOT, env=_env(),
                          capture_output=True, text=True, timeout=600)

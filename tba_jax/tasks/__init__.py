@@ -82,7 +82,7 @@ def split_file(path: str, split: str, what: str) -> str:
                  if f.startswith(split) and f.endswith((".jsonl", ".parquet")))
   if len(found) != 1:
     raise DataError(f"{path}: no {split}.jsonl or {split}.parquet" +
-                            (f" (several candidates: {found})" if found else ""))
+                    (f" (several candidates: {found})" if found else ""))
   return found[0]
 
 
