@@ -9,6 +9,7 @@ import pytest
 from configs import gsm8k as gsm8k_config
 from tba_jax import config_builders, loop, sharding
 from tba_jax.config_checks import ConfigError
+from conftest import TEST_CACHE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,7 +84,7 @@ loop.run(c, sys.argv[1])
 def test_loop_run_applies_num_cpu_devices_or_says_it_cannot(tmp_path):
   """README's library entry point with the default layout: async on 2 CPU devices."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # JAX's default: 1 device
-  env.update(JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
+  env.update(JAX_COMPILATION_CACHE_DIR=TEST_CACHE,
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
   run = lambda workdir, mode: subprocess.run(
       [sys.executable, "-c", _LIBRARY_RUN, str(workdir), mode], cwd=ROOT, env=env,

@@ -14,6 +14,7 @@ import pytest
 
 from configs import gsm8k as gsm8k_config
 from tba_jax.metrics import read_jsonl
+from conftest import TEST_CACHE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _command(workdir, arg, experiment="gsm8k"):
   return [sys.executable, "-m", f"experiments.{experiment}",
           f"--config=configs/{experiment}.py:{arg}",
-          f"--workdir={workdir}", f"--compilation_cache={os.path.expanduser('~/.cache/tba_jax_test_xla')}"]
+          f"--workdir={workdir}", f"--compilation_cache={TEST_CACHE}"]
 
 
 def _env():

@@ -23,9 +23,11 @@ logging.set_verbosity(logging.WARNING)
 
 
 def main(port: str, process_id: int, workdir: str, num_train_steps: int, heartbeat_s: int):
-  # The tests' compilation cache (conftest.py): a relaunch does not compile again.
-  jax.config.update("jax_compilation_cache_dir", os.path.expanduser(
-      os.environ.get("TBA_JAX_TEST_CACHE", "~/.cache/tba_jax_test_xla")))
+  # A cache of its own beside the tests' (conftest.py), so a relaunch does not compile again:
+  # a 2-process program over 4 devices must never be read back by the single-process tests'
+  # 4-device programs of the same HLO (reading one crashed the test process).
+  jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.expanduser(
+      os.environ.get("TBA_JAX_TEST_CACHE", "~/.cache/tba_jax_test_xla")), "two_processes"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   from tba_jax import distributed
   distributed.initialize(f"127.0.0.1:{port}", 2, process_id, heartbeat_timeout_s=heartbeat_s)

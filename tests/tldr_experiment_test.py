@@ -10,9 +10,10 @@ import time
 import pytest
 
 from tba_jax.metrics import read_jsonl
+from conftest import TEST_CACHE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CACHE = f"--compilation_cache={os.path.expanduser('~/.cache/tba_jax_test_xla')}"
+CACHE = f"--compilation_cache={TEST_CACHE}"
 
 
 def _command(module, workdir, arg="tiny", *extra):
