@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tba_jax import batch as batch_lib
 from tba_jax import model as model_lib
 from tba_jax import sampler as sampler_lib
 from tba_jax import sharding
@@ -240,8 +241,8 @@ class Stream:
                max_prompt_len: int, chunk_steps: int, window_step: int, version: Any = None):
     self.sampler, self.options, self.mesh = sampler, sampler.options, sampler.mesh
     self.num_slots, self.chunk_steps, self.window_step = num_slots, chunk_steps, window_step
-    self.max_prompt_bucket = sampler_lib._bucket(max_prompt_len, sampler.prompt_buckets,
-                                                 "prompt length")
+    self.max_prompt_bucket = batch_lib.bucket(max_prompt_len, sampler.prompt_buckets,
+                                              "prompt length")
     # Every sampled token but the last (never fed back) takes a slot; one more
     # because an ended row keeps running, masked, writing at its next slot
     # (decode writes are scatters promised to stay in bounds).
@@ -371,12 +372,9 @@ class Stream:
 
   def _prefill(self, prompts: list[tuple]) -> None:
     """The distinct `prompts` through the model in one batch, left-padded."""
-    u = sampler_lib._bucket(len(prompts), self.sampler.batch_buckets, "prefill batch")
-    t = sampler_lib._bucket(max(map(len, prompts)), self.sampler.prompt_buckets, "prompt length")
-    tokens = np.full((u, t), self.options.pad_id, np.int32)
-    mask = np.zeros((u, t), np.int32)
-    for i, p in enumerate(prompts):
-      tokens[i, t - len(p):], mask[i, t - len(p):] = p, 1
+    u = batch_lib.bucket(len(prompts), self.sampler.batch_buckets, "prefill batch")
+    t = batch_lib.bucket(max(map(len, prompts)), self.sampler.prompt_buckets, "prompt length")
+    tokens, mask = batch_lib.left_pad(prompts, t, self.options.pad_id, num_rows=u)
     rows = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.mesh, x.ndim))
     logits, batch = _prefill_program(self.params, rows(tokens), rows(mask),
                                      model_config=self.sampler.model_config, mesh=self.mesh)

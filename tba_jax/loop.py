@@ -303,8 +303,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
         global_buffer.mark_sync()
       t0 = time.perf_counter()
       batch, info = global_buffer.sample(
-          b.num_prompts, b.samples_per_prompt, b.m, max_prompt_len=tp, max_completion_len=tc,
-          pad_id=tokenizer.pad_id, include_eos=c.loss.include_eos, reward_tau=b.reward_tau,
+          b.num_prompts, b.samples_per_prompt, b.m, layout=pool.layout,
+          include_eos=c.loss.include_eos, reward_tau=b.reward_tau,
           reward_weight=b.reward_weight, reuse_latest=b.reuse_latest)
       version = int(state.step)
       staleness = version - info["versions"]
@@ -477,6 +477,6 @@ def _export(cfg: ModelConfig, params, tokenizer, out_dir: str, is_main: bool, ba
                            out_dir)
     tokenizer.save_pretrained(out_dir)  # tokenizer files + generation_config.json (EOS ids)
     if adapters is not None:
-      lora.save_peft(cfg, adapters, os.path.join(out_dir, ADAPTER_DIR), base_model)
+      hf_checkpoints.save_peft(cfg, adapters, os.path.join(out_dir, ADAPTER_DIR), base_model)
     print(f"Exported the policy to {out_dir} (Hugging Face format"
           f"{f'; its LoRA adapter in PEFT format in {ADAPTER_DIR}/' if adapters else ''}).")

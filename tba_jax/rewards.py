@@ -23,7 +23,8 @@ import numpy as np
 
 from tba_jax import hf_checkpoints, model, sharding
 from tba_jax.model_config import EncoderConfig
-from tba_jax.sampler import DEFAULT_BATCH_BUCKETS, DEFAULT_PROMPT_BUCKETS, _bucket
+from tba_jax.batch import bucket, left_pad, right_pad
+from tba_jax.sampler import DEFAULT_BATCH_BUCKETS, DEFAULT_PROMPT_BUCKETS
 from tba_jax.tasks import Problem
 
 
@@ -94,14 +95,10 @@ class Scorer:
   def __call__(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
     """float32 [N, ...] (scores: [N, num_labels]) for N token lists (each non-empty)."""
     n = len(sequences)
-    b = _bucket(n, self.batch_buckets, "batch size")
-    t = _bucket(max(len(s) for s in sequences), self.length_buckets, "sequence length")
-    tokens = np.full((b, t), self.pad_id, np.int32)
-    mask = np.zeros((b, t), np.int32)
+    b = bucket(n, self.batch_buckets, "batch size")
+    t = bucket(max(len(s) for s in sequences), self.length_buckets, "sequence length")
+    tokens, mask = (left_pad if self.left else right_pad)(sequences, t, self.pad_id, num_rows=b)
     mask[n:, -1 if self.left else 0] = 1  # bucket padding rows: one (pad) token each
-    for r, seq in enumerate(sequences):
-      span = slice(t - len(seq), t) if self.left else slice(0, len(seq))
-      tokens[r, span], mask[r, span] = seq, 1
     rows = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.mesh, 2))
     out = self.fn(self.model_config, self.params, rows(tokens), rows(mask))
     return np.asarray(out, np.float32)[:n]

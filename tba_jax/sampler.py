@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tba_jax import batch as batch_lib
 from tba_jax import model as model_lib
 from tba_jax import sharding
 from tba_jax.model import ModelConfig, Params
@@ -354,13 +355,6 @@ def _decode_program(params, state, *, model_config, options):
   return decode(model_logits_fn(model_config), params, state, options)
 
 
-def _bucket(n: int, buckets: Sequence[int], what: str) -> int:
-  for b in buckets:
-    if b >= n:
-      return b
-  raise ValueError(f"{what} {n} exceeds the largest bucket {max(buckets)}; add a larger bucket")
-
-
 class Sampler:
   """Batched generation for a searcher: compiles once per (batch, prompt) bucket.
 
@@ -435,14 +429,10 @@ class Sampler:
       from tba_jax import continuous  # continuous builds on this module
       return continuous.generate(self, params, prompts, rng_key, temperature)
     n = len(prompts)
-    b = _bucket(n, self.batch_buckets, "batch size")
-    t = _bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt length")
-    # Host-side left padding into the bucket shape; padding rows are one pad token.
-    tokens = np.full((b, t), self.options.pad_id, np.int32)
-    mask = np.zeros((b, t), np.int32)
-    for i, p in enumerate(prompts):
-      tokens[i, t - len(p):] = p
-      mask[i, t - len(p):] = 1
+    b = batch_lib.bucket(n, self.batch_buckets, "batch size")
+    t = batch_lib.bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt length")
+    # Host-side left padding into the bucket shape; padding rows are pad tokens, masked.
+    tokens, mask = batch_lib.left_pad(prompts, t, self.options.pad_id, num_rows=b)
     row_valid = np.arange(b) < n
     if not jax.dtypes.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key):
       rng_key = jax.random.wrap_key_data(rng_key)

@@ -31,7 +31,8 @@ import jax
 import numpy as np
 
 from tba_jax import batch as batch_lib
-from tba_jax import sharding, train_step
+from tba_jax import model as model_lib
+from tba_jax import sharding
 from tba_jax.entries import Entry
 from tba_jax.model import ModelConfig, Params
 from tba_jax.replay_buffer import ReplayBuffer
@@ -78,9 +79,9 @@ class PromptStream:
     self.requeued = [int(i) for i in state.get("requeued", [])]  # absent in older checkpoints
 
 
-# Teacher-forced per-token log-probs of the completion columns (the trainer's
-# own function, so reference and policy log-probs are computed identically).
-_completion_logprobs = jax.jit(train_step.completion_token_logprobs,
+# Teacher-forced per-token log-probs of the completion columns (the function the trainer's
+# update uses, so reference and policy log-probs are computed identically).
+_completion_logprobs = jax.jit(model_lib.completion_token_logprobs,
                                static_argnames=("model_config", "completion_len", "temperature",
                                                 "remat"))
 
@@ -238,9 +239,9 @@ class Searcher:
     function, at the sampler's temperature), 0 past each one's end."""
     n, tp, tc = len(prompts), self.max_prompt_len, self.sampler.options.max_new_tokens
     # Pad the batch to the sampler's batch bucket so this compiles once per bucket.
-    b = next(b for b in self.sampler.batch_buckets if b >= n)
+    b = batch_lib.bucket(n, self.sampler.batch_buckets, "batch size")
     tokens, mask = batch_lib.token_rows(prompts + [[]] * (b - n), completions + [[]] * (b - n),
-                                        tp, tc, self.sampler.options.pad_id)
+                                        batch_lib.Layout(tp, tc, self.sampler.options.pad_id))
     place = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.sampler.mesh, 2))
     lp = _completion_logprobs(model_config, params, place(tokens), place(mask),
                               completion_len=tc,

@@ -1,6 +1,6 @@
 """This process's searchers, as the trainer's loop drives them.
 
-  pool = SearcherPool(searchers, publish=..., max_prompt_len=Tp, max_completion_len=Tc,
+  pool = SearcherPool(searchers, publish=..., layout=batch.Layout(Tp, Tc, pad),
                       max_restarts=R)
   pool.start()                      # async mode: one thread per searcher
   pool.search_round(num_prompts)    # alternate mode: the searchers run in the caller's thread
@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 import jax
 
 from tba_jax import distributed
+from tba_jax.batch import Layout
 from tba_jax.entries import Entry
 from tba_jax.model import Params
 from tba_jax.replay_buffer import ReplayBuffer
@@ -52,9 +53,9 @@ class SearcherPool:
   """
 
   def __init__(self, searchers: list[Searcher], *, publish: Callable[[Params, int], Params],
-               max_prompt_len: int, max_completion_len: int, max_restarts: int = 0):
+               layout: Layout, max_restarts: int = 0):
     self.searchers, self._publish = searchers, publish
-    self.max_prompt_len, self.max_completion_len = max_prompt_len, max_completion_len
+    self.layout = layout  # the widths every host's entries are packed to
     self.max_restarts = max_restarts
     n = len(searchers)
     self._errors: list[str | None] = [None] * n    # why searcher i gave up
@@ -152,8 +153,8 @@ class SearcherPool:
   def merge(self, buffer: ReplayBuffer) -> int:
     """Every host's new searcher entries into `buffer`, in process order; returns how many."""
     new = [entry for sr in self.searchers for entry in sr.buffer.drain_new()]
-    new = distributed.all_gather_entries(new, max_prompt_len=self.max_prompt_len,
-                                         max_completion_len=self.max_completion_len)
+    new = distributed.all_gather_entries(new, max_prompt_len=self.layout.prompt_len,
+                                         max_completion_len=self.layout.completion_len)
     buffer.add_many(new)
     return len(new)
 
@@ -181,8 +182,8 @@ class SearcherPool:
     """
     snaps = [sr.snapshot() for sr in self.searchers]
     entries = distributed.all_gather_entries(
-        [e for es, _ in snaps for e in es], max_prompt_len=self.max_prompt_len,
-        max_completion_len=self.max_completion_len)
+        [e for es, _ in snaps for e in es], max_prompt_len=self.layout.prompt_len,
+        max_completion_len=self.layout.completion_len)
     states = [{"searcher": st, "restarts": n} for (_, st), n in zip(snaps, self._restarts)]
     return entries, distributed.all_gather_json(states)
 

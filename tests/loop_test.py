@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import gsm8k as gsm8k_config
-from tba_jax import config_builders, hf_checkpoints, loop, sharding, train_step
+from tba_jax import config_builders, hf_checkpoints, loop, model, sharding, train_step
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax import weight_sync
 from tba_jax.checkpoint import ConfigMismatchError
@@ -110,7 +110,7 @@ def _plain_synchronous_loop(c, task, tokenizer):
       tokens[r, tp - len(p):tp], attn[r, tp - len(p):tp] = p, 1
       tokens[r, tp:], attn[r, tp:tp + out.lengths[r]] = out.tokens[r], 1
     completion_mask = attn[:, tp:].astype(np.float32)
-    ref_lp = np.asarray(jax.jit(train_step.completion_token_logprobs, static_argnums=(0, 4, 5))(
+    ref_lp = np.asarray(jax.jit(model.completion_token_logprobs, static_argnums=(0, 4, 5))(
         cfg, ref, tokens, attn, tc, c.sampler.temperature)) * completion_mask
     rewards = np.array([digit_reward(tokenizer.decode(out.tokens[r, :out.lengths[r]]),
                                      golds[i]) for r, i in enumerate(rows)], np.float32)

@@ -5,6 +5,7 @@ import time
 import numpy as np
 import pytest
 
+from tba_jax.batch import Layout
 from tba_jax.entries import Entry
 from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.searcher import PromptStream, SearchStats
@@ -68,7 +69,7 @@ def _pool(*searchers, max_restarts=0):
     placed.append(i)
     return (params, i)  # "on searcher i's devices"
 
-  return SearcherPool(list(searchers), publish=publish, max_prompt_len=4, max_completion_len=4,
+  return SearcherPool(list(searchers), publish=publish, layout=Layout(4, 4),
                       max_restarts=max_restarts), placed
 
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from tba_jax import sharding, weight_sync
+from tba_jax.batch import Layout
 from tba_jax.model import init_params
 from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.sampler import Sampler
@@ -122,8 +123,7 @@ def test_a_streamed_group_spanning_two_versions_is_one_generation_for_the_m_bran
   buf = ReplayBuffer(dedup=False)
   buf.add_many(entries)  # one merge: one sync window
   buf.mark_sync()
-  batch, info = buf.sample(len(groups), 3, 1.0, max_prompt_len=4, max_completion_len=6,
-                           pad_id=0)
+  batch, info = buf.sample(len(groups), 3, 1.0, layout=Layout(4, 6, 0))
   assert info["from_latest"].all() and not info["with_replacement"].any()
   slot = list(info["prompt_ids"]).index(split[0])
   assert sorted(batch.versions[3 * slot:3 * slot + 3].tolist()) == \

@@ -58,10 +58,8 @@ import numpy as np
 
 from tba_jax import batch as batch_lib
 from tba_jax import hf_checkpoints, model, rewards, sharding
-from tba_jax.config_checks import ConfigError
-from tba_jax.errors import DataError
+from tba_jax.errors import ConfigError, DataError
 from tba_jax.model_config import ModelConfig
-from tba_jax.sampler import _bucket
 from tba_jax.tasks import Metric, Problem, Task, read_records
 
 HUB_ID = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
@@ -215,8 +213,8 @@ def suffix_stats(model_config, params, reference_config, reference,
   """(NLL sums [N], KL sums [N]) of the (prefix, suffix) token rows on `mesh` (params and
   reference already there, each of its config); one prefix / suffix bucket for all rows,
   so one compile."""
-  tp = _bucket(max(len(p) for p, _ in rows), LENGTH_BUCKETS, "TL;DR prefix length")
-  tc = _bucket(max(len(s) for _, s in rows), LENGTH_BUCKETS, "TL;DR summary length")
+  tp = batch_lib.bucket(max(len(p) for p, _ in rows), LENGTH_BUCKETS, "TL;DR prefix length")
+  tc = batch_lib.bucket(max(len(s) for _, s in rows), LENGTH_BUCKETS, "TL;DR summary length")
   b = -(-STATS_ROWS // sharding.batch_size_multiple("searcher", mesh)) * \
       sharding.batch_size_multiple("searcher", mesh)
   place = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", mesh, 2))
@@ -224,8 +222,8 @@ def suffix_stats(model_config, params, reference_config, reference,
   for start in range(0, len(rows), b):
     chunk = list(rows[start:start + b])
     chunk += [([pad_id], [])] * (b - len(chunk))  # padding rows: nothing counted
-    tokens, mask = batch_lib.token_rows([p for p, _ in chunk], [s for _, s in chunk], tp, tc,
-                                        pad_id)
+    tokens, mask = batch_lib.token_rows([p for p, _ in chunk], [s for _, s in chunk],
+                                        batch_lib.Layout(tp, tc, pad_id))
     out = _suffix_stats(params, reference, place(tokens), place(mask), model_config=model_config,
                         reference_config=reference_config, prefix_len=tp)
     n = min(b, len(rows) - start)
