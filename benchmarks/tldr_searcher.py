@@ -42,7 +42,7 @@ def main():
 
   from tba_jax import model, rewards, sharding, weight_sync
   from tba_jax.sampler import Sampler
-  from tba_jax.searcher import PromptStream, Searcher
+  from tba_jax.searcher import PromptStream, Searcher, StaticRows
   from tba_jax.tasks import Problem, tldr
 
   mesh = sharding.make_mesh("searcher", jax.devices()[:1])
@@ -59,7 +59,7 @@ def main():
   prompts = {i: [int(t) for t in rng.integers(2, cfg.vocab_size, args.prompt_len)] for i in ids}
   sampler = Sampler(cfg, max_new_tokens=args.new_tokens, temperature=0.7, pad_id=1, mesh=mesh)
   searcher = Searcher(
-      0, sampler=sampler, ref_params=reference, mailbox=weight_sync.Mailbox(0, policy),
+      0, rows=StaticRows(sampler), ref_params=reference, mailbox=weight_sync.Mailbox(0, policy),
       stream=PromptStream(ids, seed=0), prompt_tokens=prompts,
       problems={i: Problem(i, "", "", 0.0) for i in ids}, decode=lambda c: "",
       reward=RandomReward("random", no_eos_reward=-1.0, pad_id=1).build(mesh),

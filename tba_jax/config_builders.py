@@ -28,9 +28,9 @@ from tba_jax.errors import ConfigError, DataError
 from tba_jax.evaluation import Evaluator
 from tba_jax.model import LoRAConfig, ModelConfig, init_params
 from tba_jax.sampler import Sampler
-from tba_jax.searcher import Exploration, PromptStream, Searcher
+from tba_jax.searcher import Exploration, PromptStream, Searcher, StaticRows
 from tba_jax.searcher_pool import SearcherPool
-from tba_jax.streaming import StreamingSearcher
+from tba_jax.streaming import StreamingRows
 from tba_jax.tasks import Task, arithmetic, gsm8k, redteam, tldr
 from tba_jax.tasks import math as math_task  # (not `math`: the stdlib module is used here)
 
@@ -332,8 +332,9 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
   samples its own shard of the training prompts (a global stride over every
   process's searchers). `fault_cfg`: the config's `fault` section, whose
   searcher_fail_at makes searcher `fault_cfg.searcher`'s reward stage raise (a testing aid).
-  sampler.num_slots > 0 makes them streaming searchers (tba_jax/streaming.py), which take
-  new weights between decode chunks when `in_flight_updates` (sync.in_flight_updates).
+  Their rows come from static batches, or with sampler.num_slots > 0 from a
+  continuous-batching pool (streaming.StreamingRows), which takes new weights between
+  decode chunks when `in_flight_updates` (sync.in_flight_updates).
   """
   s = sampler_cfg
   train_ids = [p.id for p in task.train]
@@ -343,11 +344,13 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
   searchers = []
   for i, mesh in enumerate(meshes):
     shard = i + len(meshes) * jax.process_index()  # this searcher's global index
+    sampler = Sampler(model_config, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                      top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
+                      pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=s.min_new_tokens,
+                      end_with_eos=s.end_with_eos)
     try:
-      sampler = Sampler(model_config, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                        top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
-                        pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=s.min_new_tokens,
-                        end_with_eos=s.end_with_eos, num_slots=s.num_slots or None)
+      rows = (StreamingRows(sampler, num_slots=s.num_slots, in_flight_updates=in_flight_updates)
+              if s.num_slots else StaticRows(sampler))
     except ValueError as e:  # num_slots that the searcher's devices cannot split
       raise ConfigError(f"sampler.num_slots={s.num_slots}: {e}") from None
     first = publish(params, i)
@@ -362,16 +365,15 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
       ref, ref_config = lora.split(first)[0], lora.base_config(model_config)
     else:
       ref, ref_config = first, None
-    streaming = {"in_flight_updates": in_flight_updates} if s.num_slots else {}
-    searchers.append((StreamingSearcher if s.num_slots else Searcher)(
-        shard, sampler=sampler, ref_params=ref, ref_model_config=ref_config,
+    searchers.append(Searcher(
+        shard, rows=rows, ref_params=ref, ref_model_config=ref_config,
         mailbox=weight_sync.Mailbox(0, first),
         stream=PromptStream(train_ids[shard::num_shards], seed=seed + shard),
         prompt_tokens=prompt_tokens, problems=problems, decode=tokenizer.decode,
         reward=reward, num_prompts=s.num_prompts_per_batch,
         num_samples=s.num_samples_per_prompt, max_prompt_len=max_prompt_len, seed=seed,
         explore=Exploration(s.explore_prob, s.explore_low, s.explore_high),
-        mismatch_every=mismatch_every, **streaming))
+        mismatch_every=mismatch_every))
   return SearcherPool(searchers, publish=publish,
                       layout=Layout(max_prompt_len, s.max_new_tokens, tokenizer.pad_id),
                       max_restarts=max_restarts)

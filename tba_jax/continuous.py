@@ -48,6 +48,11 @@ from tba_jax import sampler as sampler_lib
 from tba_jax import sharding
 from tba_jax.model import KVCache
 
+# At most this many decode steps between host refills, and attention windows in
+# multiples of this many cache slots.
+DEFAULT_CHUNK_STEPS = 32
+DEFAULT_WINDOW_STEP = 64
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
@@ -213,6 +218,18 @@ def _decode_program(params, state, max_steps, min_free, *, model_config, options
 # ---------------------------------------------------------------------------
 # The host side: queue, prefilled prompts, slots.
 # ---------------------------------------------------------------------------
+def check_pool(sampler: sampler_lib.Sampler, num_slots: int, chunk_steps: int,
+               window_step: int) -> None:
+  """Raises ValueError unless a pool of `num_slots` rows splits over the sampler's mesh
+  and the chunk and window sizes are positive."""
+  data = sharding.batch_size_multiple("searcher", sampler.mesh)
+  if num_slots < 1 or num_slots % data:
+    raise ValueError(f"num_slots={num_slots} must be a positive multiple of the mesh's "
+                     f"data axis ({data})")
+  if chunk_steps < 1 or window_step < 1:
+    raise ValueError(f"chunk_steps={chunk_steps} and window_step={window_step} must be >= 1")
+
+
 @dataclasses.dataclass
 class StreamStats:
   decode_steps: int = 0  # pool steps (each runs all N slots)
@@ -238,7 +255,9 @@ class Stream:
   """
 
   def __init__(self, sampler: sampler_lib.Sampler, params, rng_key, *, num_slots: int,
-               max_prompt_len: int, chunk_steps: int, window_step: int, version: Any = None):
+               max_prompt_len: int, chunk_steps: int = DEFAULT_CHUNK_STEPS,
+               window_step: int = DEFAULT_WINDOW_STEP, version: Any = None):
+    check_pool(sampler, num_slots, chunk_steps, window_step)
     self.sampler, self.options, self.mesh = sampler, sampler.options, sampler.mesh
     self.num_slots, self.chunk_steps, self.window_step = num_slots, chunk_steps, window_step
     self.max_prompt_bucket = batch_lib.bucket(max_prompt_len, sampler.prompt_buckets,
@@ -393,12 +412,17 @@ class _Slot:
 
 
 def generate(sampler: sampler_lib.Sampler, params, prompts: Sequence[Sequence[int]],
-             rng_key, temperature: float | None = None) -> sampler_lib.Rollouts:
-  """`sampler(params, prompts, rng_key, temperature)` through a pool of
-  `sampler.num_slots` rows: the same Rollouts (row i is prompts[i], seeded by its
-  index i)."""
+             rng_key, temperature: float | None = None, *, num_slots: int,
+             chunk_steps: int = DEFAULT_CHUNK_STEPS,
+             window_step: int = DEFAULT_WINDOW_STEP) -> sampler_lib.Rollouts:
+  """`sampler(params, prompts, rng_key, temperature)` through a pool of `num_slots` rows:
+  the same Rollouts (row i is prompts[i], seeded by its index i)."""
+  if not prompts:
+    raise ValueError("no prompts")
   n, m = len(prompts), sampler.options.max_new_tokens
-  stream = sampler.stream(params, rng_key, max_prompt_len=max(map(len, prompts)))
+  stream = Stream(sampler, params, rng_key, num_slots=num_slots,
+                  max_prompt_len=max(map(len, prompts)), chunk_steps=chunk_steps,
+                  window_step=window_step)
   stream.add(prompts, range(n), temperature)
   tokens = np.full((n, m), sampler.options.pad_id, np.int32)
   logprobs, tempered = np.zeros((n, m), np.float32), np.zeros((n, m), np.float32)

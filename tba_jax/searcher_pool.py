@@ -21,6 +21,9 @@ deterministic, and retrying it would loop.
 Every method that talks to other hosts (`merge`, `failed`, `error`, `snapshot`)
 is a collective: all processes call it at the same step, in the same order. The
 searcher threads themselves only use their host's devices.
+
+What the pool relies on of a searcher is `PoolSearcher` below (searcher.Searcher
+is one; the tests drive the pool with a fake that is another).
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import jax
 
@@ -38,7 +41,40 @@ from tba_jax.batch import Layout
 from tba_jax.entries import Entry
 from tba_jax.model import Params
 from tba_jax.replay_buffer import ReplayBuffer
-from tba_jax.searcher import Searcher
+from tba_jax.searcher import SearchStats
+from tba_jax.weight_sync import Mailbox
+
+
+class Staging(Protocol):
+  """A searcher's committed entries until a merge (searcher.Staged)."""
+  def add_many(self, entries: Sequence[Entry]) -> None: ...
+  def drain_new(self) -> list[Entry]: ...
+  def peek_new(self) -> list[Entry]: ...
+
+
+class PoolSearcher(Protocol):
+  """The contract between the pool and each of its searchers.
+
+  `search_once` commits at least `num_prompts` prompts' entries to `buffer` and may
+  raise; a prompt is in flight (`in_flight`) from when it is taken until its entries
+  are committed. `restart` after a raise puts the prompts in flight back at the front
+  of the stream; `snapshot` returns, without waiting for a search, the undrained
+  entries and a JSON-able state whose stream cursor does the same, and
+  `load_snapshot(entries, state)` takes both back. `mailbox` holds the newest weights
+  (read at the start of every search); `set_reference` swaps the reference policy.
+  """
+  id: int
+  num_prompts: int
+  mailbox: Mailbox
+  buffer: Staging
+  stats: SearchStats
+
+  def search_once(self) -> int: ...
+  def in_flight(self) -> list[int]: ...
+  def restart(self) -> None: ...
+  def set_reference(self, params: Params) -> None: ...
+  def snapshot(self) -> tuple[list[Entry], dict]: ...
+  def load_snapshot(self, entries: Sequence[Entry], state: dict) -> None: ...
 
 
 class SearcherError(RuntimeError):
@@ -52,7 +88,8 @@ class SearcherPool:
   searchers' dtype), e.g. a bound weight_sync.publish.
   """
 
-  def __init__(self, searchers: list[Searcher], *, publish: Callable[[Params, int], Params],
+  def __init__(self, searchers: list[PoolSearcher], *,
+               publish: Callable[[Params, int], Params],
                layout: Layout, max_restarts: int = 0):
     self.searchers, self._publish = searchers, publish
     self.layout = layout  # the widths every host's entries are packed to
