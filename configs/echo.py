@@ -5,7 +5,7 @@
 tiny: the GSM8K smoke test's random 2-layer model, byte tokenizer, devices and
 schedule (6 steps, offline) on the echo task; its scores mean nothing (random model).
 """
-from configs import gsm8k
+from configs import common, gsm8k
 
 
 def _tiny(c):
@@ -14,4 +14,4 @@ def _tiny(c):
 
 
 def get_config(arg: str = "tiny"):
-  return gsm8k.from_recipes(arg, "configs/echo.py", {"tiny": _tiny})
+  return common.from_recipes(arg, "configs/echo.py", {"tiny": _tiny})

@@ -108,7 +108,9 @@ def _missing_config_file(argv: list[str]) -> str | None:
   path, _, arg = specs[-1].partition(":") if specs else ("", "", "")
   if not path or os.path.isfile(path):
     return None
-  ours = sorted(f for f in os.listdir(_CONFIGS) if f.endswith(".py") and f != "__init__.py")
+  # (common.py is the base the config files share, not a config)
+  ours = sorted(f for f in os.listdir(_CONFIGS)
+                if f.endswith(".py") and f not in ("__init__.py", "common.py"))
   name = os.path.basename(path)
   if name in ours and not os.path.isabs(path):
     return (f"config file {path!r} not found from {os.getcwd()}: a config path is relative to "

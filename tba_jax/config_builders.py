@@ -27,7 +27,9 @@ from tba_jax.batch import Layout
 from tba_jax.errors import ConfigError, DataError
 from tba_jax.evaluation import Evaluator
 from tba_jax.model import LoRAConfig, ModelConfig, init_params
+from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.sampler import Sampler
+from tba_jax.schedule import Schedule
 from tba_jax.searcher import Exploration, PromptStream, Searcher, StaticRows
 from tba_jax.searcher_pool import SearcherPool
 from tba_jax.streaming import StreamingRows
@@ -322,15 +324,16 @@ TASKS = {"gsm8k": _gsm8k_task, "math": _math_task, "arithmetic": _arithmetic_tas
 def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, meshes, *,
                   publish, params, reference, prompt_tokens: dict[int, list[int]],
                   max_prompt_len: int, seed: int, max_restarts: int,
-                  fault_cfg, in_flight_updates: bool = True,
-                  mismatch_every: int = 0) -> SearcherPool:
+                  fault_cfg, in_flight_updates: bool = True, mismatch_every: int = 0,
+                  schedule: Schedule = Schedule()) -> SearcherPool:
   """This process's searchers, one per mesh, with the task's reward stage built on each.
 
   `publish(params, i)` places params on searcher i's devices; `params` are the trainer's
   first weights (version 0), `reference` the reference policy's (trainer-side) params,
   or None: the first weights (with LoRA: the base, adapters off). Each searcher
   samples its own shard of the training prompts (a global stride over every
-  process's searchers). `fault_cfg`: the config's `fault` section, whose
+  process's searchers); `schedule`: how they run beside the trainer (the mode, fixed
+  here). `fault_cfg`: the config's `fault` section, whose
   searcher_fail_at makes searcher `fault_cfg.searcher`'s reward stage raise (a testing aid).
   Their rows come from static batches, or with sampler.num_slots > 0 from a
   continuous-batching pool (streaming.StreamingRows), which takes new weights between
@@ -376,7 +379,15 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
         mismatch_every=mismatch_every))
   return SearcherPool(searchers, publish=publish,
                       layout=Layout(max_prompt_len, s.max_new_tokens, tokenizer.pad_id),
-                      max_restarts=max_restarts)
+                      max_restarts=max_restarts, schedule=schedule)
+
+
+def replay_buffer(buffer_cfg, *, priority_beta: float, seed: int) -> ReplayBuffer:
+  """The global replay buffer of the config's `buffer` section."""
+  b = buffer_cfg
+  return ReplayBuffer(b.max_per_prompt, b.max_entries or None, b.eviction, seed=seed,
+                      dedup=b.dedup, priority=b.priority, priority_beta=priority_beta,
+                      near_duplicate=b.near_duplicate)
 
 
 def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, mesh,

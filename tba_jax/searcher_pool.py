@@ -1,7 +1,13 @@
 """This process's searchers, as the trainer's loop drives them.
 
   pool = SearcherPool(searchers, publish=..., layout=batch.Layout(Tp, Tc, pad),
-                      max_restarts=R)
+                      max_restarts=R, schedule=schedule.Schedule(mode, k, ...))
+  # The trainer's loop, the same in both modes (schedule.py says what each does):
+  pool.begin()                      # before the pre-fill of a run that trains
+  pool.prefill(global_buffer)       # one pre-fill round, merged; True: a searcher gave up
+  pool.before_step(step, buffer)    # at each step (alternate: a window's round)
+  pool.sync(done, params, buffer)   # after each update (every k: weights, async: merge)
+  # The pieces they are made of:
   pool.start()                      # async mode: one thread per searcher
   pool.search_round(num_prompts)    # alternate mode: the searchers run in the caller's thread
   pool.publish(version, params)     # new weights; a searcher takes them at its next batch
@@ -37,9 +43,10 @@ from typing import Callable, Protocol, Sequence
 import jax
 
 from tba_jax import distributed
+from tba_jax.schedule import Schedule, due
 from tba_jax.batch import Layout
 from tba_jax.entries import Entry
-from tba_jax.model import Params
+from tba_jax.model import ModelConfig, Params
 from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.searcher import SearchStats
 from tba_jax.weight_sync import Mailbox
@@ -68,6 +75,8 @@ class PoolSearcher(Protocol):
   mailbox: Mailbox
   buffer: Staging
   stats: SearchStats
+  ref_params: Params                # the reference policy, on its devices
+  ref_model_config: ModelConfig     # its config (with LoRA: the base's)
 
   def search_once(self) -> int: ...
   def in_flight(self) -> list[int]: ...
@@ -90,10 +99,14 @@ class SearcherPool:
 
   def __init__(self, searchers: list[PoolSearcher], *,
                publish: Callable[[Params, int], Params],
-               layout: Layout, max_restarts: int = 0):
+               layout: Layout, max_restarts: int = 0, schedule: Schedule = Schedule()):
     self.searchers, self._publish = searchers, publish
     self.layout = layout  # the widths every host's entries are packed to
-    self.max_restarts = max_restarts
+    self.max_restarts, self.schedule = max_restarts, schedule
+    self.async_mode = schedule.mode == "async"
+    # The trainer's time spent waiting for the searchers (pre-fill, alternate rounds) and
+    # on async syncs (publish and merge), for the idle fractions.
+    self.waiting_seconds = self.sync_seconds = 0.0
     n = len(searchers)
     self._errors: list[str | None] = [None] * n    # why searcher i gave up
     self._restarts = [0] * n                       # restarts of searcher i in this run
@@ -102,6 +115,61 @@ class SearcherPool:
     self._stop = threading.Event()
     self._threads: list[threading.Thread] = []
     self._start_time: float | None = None
+
+  # --- The trainer's schedule (schedule.py) -------------------------------------------------
+  def begin(self) -> None:
+    """Before the pre-fill of a run that trains: async searchers start their threads."""
+    if self.async_mode:
+      self.start()
+
+  def prefill(self, buffer: ReplayBuffer) -> bool:
+    """One pre-fill round into `buffer` (async: a wait of 0.1 s; alternate: a round of
+    the schedule's prefill_prompts). True, nothing merged, when a searcher gave up."""
+    start = time.perf_counter()
+    if self.async_mode:
+      time.sleep(0.1)
+    else:
+      self.search_round(self.schedule.prefill_prompts)
+    failed = self.failed()
+    if not failed:
+      self.merge(buffer)
+    self.waiting_seconds += time.perf_counter() - start
+    return failed
+
+  def before_step(self, step: int, buffer: ReplayBuffer) -> bool:
+    """Before update `step` (0-based). Alternate mode, at the first step of each window of
+    k (not step 0: its round was the pre-fill; a resumed run searches at its first step as
+    the uninterrupted run did): a round of window_prompts, merged as the window's sync.
+    True, nothing merged, when a searcher gave up."""
+    if self.async_mode or step == 0 or not due(step, self.schedule.sync_every):
+      return False
+    start = time.perf_counter()
+    self.search_round(self.schedule.window_prompts)
+    failed = self.failed()
+    self.waiting_seconds += time.perf_counter() - start
+    if not failed:
+      self.merge(buffer)
+      buffer.mark_sync()
+    return failed
+
+  def sync(self, done: int, params: Params, buffer: ReplayBuffer) -> bool:
+    """After `done` updates, every k: the weights to the searchers; async mode also merges
+    their new entries into `buffer` (alternate mode merges at its next round). True when
+    a searcher gave up."""
+    if not due(done, self.schedule.sync_every):
+      return False
+    start = time.perf_counter()
+    self.publish(done, params)
+    if not self.async_mode:
+      return False
+    self.merge(buffer)
+    buffer.mark_sync()
+    self.sync_seconds += time.perf_counter() - start
+    return self.failed()
+
+  def reference(self) -> tuple[ModelConfig, Params]:
+    """(config, params) of the reference policy, on searcher 0's devices."""
+    return self.searchers[0].ref_model_config, self.searchers[0].ref_params
 
   # --- Running -------------------------------------------------------------------------------
   def start(self) -> None:

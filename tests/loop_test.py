@@ -424,7 +424,7 @@ def test_a_reward_model_scores_the_run_through_the_reward_stage(tmp_path, monkey
       super().__init__(*args, **kw)
       buffers.append(self)
 
-  monkeypatch.setattr(loop, "ReplayBuffer", Kept)
+  monkeypatch.setattr(config_builders, "ReplayBuffer", Kept)  # the global buffer's builder
   c = tiny_config(num_train_steps=4, mesh=dict(num_devices=2, num_trainer_devices=1),
                   sync=dict(mode=mode, every=2), buffer=dict(prefill=8))
   base = toy_task(c)
