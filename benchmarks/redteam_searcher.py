@@ -75,7 +75,7 @@ def main():
   searcher = Searcher(
       0, rows=StaticRows(sampler), ref_params=params, mailbox=weight_sync.Mailbox(0, params),
       stream=PromptStream([0], seed=0), prompt_tokens={0: prompt},
-      problems={0: Problem(0, redteam.ATTACK_PROMPT, "", 0.0)}, decode=tok.decode,
+      problems={0: Problem(0, {"prompt": redteam.ATTACK_PROMPT})}, decode=tok.decode,
       reward=redteam.ToxicityReward(victim, judge).build(mesh), num_prompts=1,
       num_samples=args.attacks, max_prompt_len=64, seed=0,
       explore=Exploration(0.5, 0.5, 2.0))

@@ -69,7 +69,7 @@ def _prompts(workload: str, num_rows: int, args, tok) -> list[list[int]]:
       raise ValueError(f"the cpu task has {len(task.train)} training prompts, not {n}")
     return [tok.encode(task.prompt(p)) for p in task.train[:n]]
   problems = gsm8k.load("test", args.gsm8k_data, limit=n)
-  return [tok.encode(gsm8k.make_prompt(p.question, "chat", tok)) for p in problems]
+  return [tok.encode(gsm8k.make_prompt(p.fields["question"], "chat", tok)) for p in problems]
 
 
 def _compile_seconds():

@@ -20,7 +20,7 @@ import os
 import jax
 import optax
 
-from tba_jax import faults, hf_checkpoints, lora, losses, rewards, sharding, train_step, verifiers
+from tba_jax import faults, hf_checkpoints, lora, losses, sharding, train_step, verifiers
 from tba_jax import weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.batch import Layout
@@ -33,7 +33,7 @@ from tba_jax.schedule import Schedule
 from tba_jax.searcher import Exploration, PromptStream, Searcher, StaticRows
 from tba_jax.searcher_pool import SearcherPool
 from tba_jax.streaming import StreamingRows
-from tba_jax.tasks import Task, arithmetic, gsm8k, redteam, tldr
+from tba_jax.tasks import Task, arithmetic, as_stage, gsm8k, redteam, tldr
 from tba_jax.tasks import math as math_task  # (not `math`: the stdlib module is used here)
 
 
@@ -263,9 +263,9 @@ def _question_task(task_cfg, tokenizer, train, test, answer) -> Task:
   style, suffix = task_cfg.prompt_style, task_cfg.question_suffix
   thinking = {"auto": None, "on": True, "off": False}[task_cfg.thinking]
   if style in ("paper", "chat"):
-    prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer, thinking)
+    prompt = lambda p: gsm8k.make_prompt(p.fields["question"] + suffix, style, tokenizer, thinking)
   else:
-    prompt = lambda p: style.format(question=p.question + suffix)
+    prompt = lambda p: style.format(question=p.fields["question"] + suffix)
   return Task(train=train, test=test, prompt=prompt,
               reward=verifiers.VerifierReward(task_cfg.verifier),
               templated_prompts=style == "chat", answer=answer,
@@ -342,7 +342,7 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
   s = sampler_cfg
   train_ids = [p.id for p in task.train]
   problems = {p.id: p for p in task.train}
-  stage = rewards.as_stage(task.reward)
+  stage = as_stage(task.reward)
   num_shards = len(meshes) * jax.process_count()
   searchers = []
   for i, mesh in enumerate(meshes):
@@ -401,7 +401,7 @@ def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelC
   return Evaluator(
       problems=problems,
       prompt_tokens=list(encode_prompts(problems, task, tokenizer, max_prompt_len).values()),
-      decode=tokenizer.decode, reward=rewards.as_stage(task.reward).build(mesh),
+      decode=tokenizer.decode, reward=as_stage(task.reward).build(mesh),
       eos_ids=tokenizer.eos_ids, batch_size=e.batch_size,
       greedy=make_sampler(greedy=True) if e.greedy else None,
       sampled=make_sampler(temperature=e.temperature or s.temperature, top_k=s.top_k,

@@ -41,9 +41,8 @@ from tba_jax import model as model_lib
 from tba_jax import sharding
 from tba_jax.entries import Entry, normalized
 from tba_jax.model import ModelConfig, Params
-from tba_jax.rewards import RewardBatch, RewardFn
 from tba_jax.sampler import Sampler
-from tba_jax.tasks import Problem
+from tba_jax.tasks import Problem, RewardBatch, RewardFn
 from tba_jax.weight_sync import Mailbox
 
 

@@ -272,8 +272,8 @@ def test_the_reference_logprobs_with_lora_are_the_base_models(tiny_cfg):
   trainer_mesh = sharding.make_mesh("trainer", devices[:1])
   searcher_mesh = sharding.make_mesh("searcher", devices[1:2])
   cfg, base, adapters = _policy(tiny_cfg, trainer_mesh)
-  problems = [Problem(i, f"q{i}", "", 0.0) for i in range(2)]
-  task = Task(train=problems, test=problems, prompt=lambda p: p.question,
+  problems = [Problem(i, {"question": f"q{i}"}, 0.0) for i in range(2)]
+  task = Task(train=problems, test=problems, prompt=lambda p: p.fields["question"],
               reward=lambda text, gold: 0.0)
   publish = config_builders.publisher(cfg, base, [searcher_mesh], "float32", trainer_mesh)
   c = _tiny_config()

@@ -91,7 +91,7 @@ def test_a_searcher_samples_each_batch_at_its_temperature_and_records_it(tiny_cf
       0, rows=StaticRows(Sampler(tiny_cfg, max_new_tokens=5, temperature=1.0, mesh=mesh)),
       ref_params=policy, mailbox=weight_sync.Mailbox(0, policy),
       stream=PromptStream([0], seed=0), prompt_tokens=prompts,
-      problems={0: Problem(0, "q", "", 0.0)}, decode=lambda ids: "", num_prompts=1,
+      problems={0: Problem(0, {"prompt": "q"})}, decode=lambda ids: "", num_prompts=1,
       reward=lambda batch: np.zeros(len(batch)), num_samples=4, max_prompt_len=4, seed=3,
       explore=Exploration(0.5, 0.5, 2.0))
   seen = []

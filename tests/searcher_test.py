@@ -21,7 +21,7 @@ def _searcher(cfg, reward, policy_seed=1, reference_seed=0, num_prompts=2, num_s
                                  mesh=mesh)),
       ref_params=reference, mailbox=weight_sync.Mailbox(3, policy),
       stream=PromptStream(list(PROMPTS), seed=0), prompt_tokens=PROMPTS,
-      problems={i: Problem(i, f"q{i}", "", float(i)) for i in PROMPTS},
+      problems={i: Problem(i, {"question": f"q{i}"}, float(i)) for i in PROMPTS},
       decode=lambda ids: " ".join(map(str, ids)), reward=reward, num_prompts=num_prompts,
       num_samples=num_samples, max_prompt_len=4, seed=0)
   return searcher, policy

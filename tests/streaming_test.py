@@ -44,7 +44,7 @@ def _searcher(cfg, *, num_slots=None, reward=None, mailbox=None, num_prompts=2, 
   return Searcher(
       0, rows=rows, ref_params=reference, mailbox=mailbox or weight_sync.Mailbox(3, policy),
       stream=PromptStream(list(ids), seed=0), prompt_tokens=PROMPTS,
-      problems={i: Problem(i, f"q{i}", "", float(i)) for i in PROMPTS},
+      problems={i: Problem(i, {"question": f"q{i}"}, float(i)) for i in PROMPTS},
       decode=lambda t: " ".join(map(str, t)),
       reward=reward or (lambda batch: np.array([len(c) / 10 for c in batch.completions])),
       num_prompts=num_prompts, num_samples=num_samples, max_prompt_len=4, seed=0)

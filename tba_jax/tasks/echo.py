@@ -13,6 +13,6 @@ def reward(text: str, word: str) -> float:
 
 def make_task(num_test: int) -> Task:
   """The last `num_test` words are held out (ids are per split: the buffer's prompt ids)."""
-  split = lambda words: [Problem(i, w, answer=w, gold=w) for i, w in enumerate(words)]
+  split = lambda words: [Problem(i, {"word": w}, target=w) for i, w in enumerate(words)]
   return Task(train=split(WORDS[:-num_test]), test=split(WORDS[-num_test:]),
-              prompt=lambda p: f"Say {p.question}: ", reward=reward, name="echo")
+              prompt=lambda p: f"Say {p.fields['word']}: ", reward=reward, name="echo")
