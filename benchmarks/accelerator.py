@@ -46,7 +46,7 @@ def main():
   import jax
   import jax.numpy as jnp
 
-  from tba_jax import losses, model, sharding, train_step, weight_sync
+  from tba_jax import continuous, losses, model, sharding, train_step, weight_sync
   from tba_jax.model import ModelConfig
   from tba_jax.sampler import Sampler
 
@@ -88,11 +88,12 @@ def main():
   # 2 x N rows through N slots (every slot refilled once), no EOS: the pool's own cost.
   # The step time includes the prefills (an upper bound), so the roofline is a lower bound.
   for n in (int(x) for x in args.stream_slots.split(",") if x):
-    sampler = Sampler(cfg, max_new_tokens=args.new_tokens, greedy=True, mesh=mesh, num_slots=n,
-                      prompt_buckets=(args.prompt_len,))
+    pool = Sampler(cfg, max_new_tokens=args.new_tokens, greedy=True, mesh=mesh,
+                   prompt_buckets=(args.prompt_len,))
     prompts = [list(rng.integers(3, cfg.vocab_size, args.prompt_len)) for _ in range(2 * n)]
-    sampler(params, prompts, jax.random.key(0))  # compile
-    seconds = median_seconds(lambda: sampler(params, prompts, jax.random.key(1)), args.repeats)
+    run = lambda key: continuous.generate(pool, params, prompts, key, num_slots=n)
+    run(jax.random.key(0))  # compile
+    seconds = median_seconds(lambda: run(jax.random.key(1)), args.repeats)
     step = seconds / (2 * args.new_tokens)
     mean_slots = args.prompt_len + args.new_tokens // 2
     kv_bytes = 2 * cfg.num_layers * n * mean_slots * cfg.num_kv_heads * cfg.head_dim * 2

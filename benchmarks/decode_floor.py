@@ -94,6 +94,7 @@ def main():
   args = parser.parse_args()
   import jax
 
+  from tba_jax import batch as batch_lib
   from tba_jax import hf_checkpoints, model as model_lib, sampler, tokenizer as tokenizer_lib
   path = hf_checkpoints.smollm2_gguf_path()
   tok = tokenizer_lib.from_gguf(path)
@@ -120,7 +121,7 @@ def main():
     step = (total - prefill) / (n - 1)
     mm_jax = _jax_matmul_seconds(mats, head, b, args.repeats)
     mm_torch = _torch_matmul_seconds(mats, head, b, args.repeats)
-    width = sampler._bucket(max(map(len, prompts)), whole.prompt_buckets, "prompt length")
+    width = batch_lib.bucket(max(map(len, prompts)), whole.prompt_buckets, "prompt length")
     kv_bytes = 2 * 4 * cfg.num_layers * b * cfg.num_kv_heads * (width + n - 1) * cfg.head_dim
     floor = (param_bytes + kv_bytes) / (gbps * 1e9)
     ceiling = b * n / (prefill + n * mm_jax)

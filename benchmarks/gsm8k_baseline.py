@@ -26,7 +26,7 @@ def main():
 
   import jax
 
-  from tba_jax import hf_checkpoints, rewards, tokenizer
+  from tba_jax import hf_checkpoints, tasks, tokenizer
   from tba_jax.evaluation import Evaluator
   from tba_jax.sampler import Sampler
   from tba_jax.tasks import gsm8k
@@ -35,12 +35,12 @@ def main():
   cfg, params = hf_checkpoints.load(path)
   tok = tokenizer.from_gguf(path)
   problems = gsm8k.load("test", args.data or None, limit=args.num_problems)
-  prompts = [tok.encode_prompt(gsm8k.make_prompt(p.question, args.prompt_style, tok),
+  prompts = [tok.encode_prompt(gsm8k.make_prompt(p.fields["question"], args.prompt_style, tok),
                                templated=args.prompt_style == "chat") for p in problems]
   greedy = Sampler(cfg, max_new_tokens=args.max_new_tokens, greedy=True, eos_ids=tok.eos_ids,
                    pad_id=tok.pad_id)
   evaluator = Evaluator(problems=problems, prompt_tokens=prompts, decode=tok.decode,
-                        reward=rewards.TextReward(gsm8k.reward).build(None),
+                        reward=tasks.TextReward(gsm8k.reward).build(None),
                         eos_ids=tok.eos_ids, batch_size=args.batch_size, greedy=greedy)
   t0 = time.perf_counter()
   result = evaluator(params, jax.random.key(0))

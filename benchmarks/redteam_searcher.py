@@ -57,7 +57,7 @@ def main():
   from tba_jax import hf_checkpoints, sharding, weight_sync
   from tba_jax import tokenizer as tokenizer_lib
   from tba_jax.sampler import Sampler
-  from tba_jax.searcher import Exploration, PromptStream, Searcher
+  from tba_jax.searcher import Exploration, PromptStream, Searcher, StaticRows
   from tba_jax.tasks import Problem, redteam
 
   mesh = sharding.make_mesh("searcher", jax.devices()[:1])
@@ -73,9 +73,9 @@ def main():
   sampler = Sampler(cfg, max_new_tokens=21, temperature=1.0, eos_ids=tok.eos_ids,
                     pad_id=tok.pad_id, mesh=mesh, min_new_tokens=4, end_with_eos=True)
   searcher = Searcher(
-      0, sampler=sampler, ref_params=params, mailbox=weight_sync.Mailbox(0, params),
+      0, rows=StaticRows(sampler), ref_params=params, mailbox=weight_sync.Mailbox(0, params),
       stream=PromptStream([0], seed=0), prompt_tokens={0: prompt},
-      problems={0: Problem(0, redteam.ATTACK_PROMPT, "", 0.0)}, decode=tok.decode,
+      problems={0: Problem(0, {"prompt": redteam.ATTACK_PROMPT})}, decode=tok.decode,
       reward=redteam.ToxicityReward(victim, judge).build(mesh), num_prompts=1,
       num_samples=args.attacks, max_prompt_len=64, seed=0,
       explore=Exploration(0.5, 0.5, 2.0))

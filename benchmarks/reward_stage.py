@@ -6,9 +6,9 @@ A policy and a reward model with Pythia-160M's shapes (GPT-NeoX, random weights
 written by transformers and read back, as TL;DR's policy and reward model share
 the architecture), float32. One searcher batch of `rows` completions: the
 sampler's generate (T = 0.7, no EOS: every row runs all new tokens), then the
-reward stage on the same batch: `rewards.ModelReward` (the reward model's score
+reward stage on the same batch: `tasks.model_rewards.ModelReward` (the reward model's score
 of prompt + completion, jitted on the same device) and, for scale,
-`rewards.TextReward` with GSM8K's answer check (Python, per completion).
+`tasks.TextReward` with GSM8K's answer check (Python, per completion).
 Prints the best of `repeats` timed runs after a compiling one.
 """
 import argparse
@@ -43,7 +43,8 @@ def main():
 
   import jax
 
-  from tba_jax import hf_checkpoints, rewards, sharding
+  from tba_jax import hf_checkpoints, sharding, tasks
+  from tba_jax.tasks import model_rewards
   from tba_jax.sampler import Sampler
   from tba_jax.tasks import Problem, gsm8k
 
@@ -51,15 +52,15 @@ def main():
   with tempfile.TemporaryDirectory() as d:
     cfg, params = hf_checkpoints.load(_pythia160m(os.path.join(d, "policy"), False), mesh=mesh,
                                       role="searcher")
-    model_reward = rewards.ModelReward(_pythia160m(os.path.join(d, "rm"), True)).build(mesh)
-  rule = rewards.TextReward(gsm8k.reward).build(mesh)
+    model_reward = model_rewards.ModelReward(_pythia160m(os.path.join(d, "rm"), True)).build(mesh)
+  rule = tasks.TextReward(gsm8k.reward).build(mesh)
   rng = np.random.default_rng(0)
   prompts = [list(rng.integers(1, cfg.vocab_size, args.prompt_len)) for _ in range(args.rows)]
   sampler = Sampler(cfg, max_new_tokens=args.new_tokens, temperature=0.7, mesh=mesh)
   out = sampler(params, prompts, jax.random.key(0))
   completions = [out.tokens[r, :out.lengths[r]] for r in range(args.rows)]
-  batch = rewards.RewardBatch(
-      problems=[Problem(r, "", "#### 42", 42.0) for r in range(args.rows)], prompts=prompts,
+  batch = tasks.RewardBatch(
+      problems=[Problem(r, {"question": "", "answer": "#### 42"}, 42.0) for r in range(args.rows)], prompts=prompts,
       completions=completions, ended_with_eos=np.zeros(args.rows, bool),
       texts=[" ".join(map(str, c[:20])) + " so the answer is 42" for c in completions])
 

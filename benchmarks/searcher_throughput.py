@@ -69,7 +69,7 @@ def _prompts(workload: str, num_rows: int, args, tok) -> list[list[int]]:
       raise ValueError(f"the cpu task has {len(task.train)} training prompts, not {n}")
     return [tok.encode(task.prompt(p)) for p in task.train[:n]]
   problems = gsm8k.load("test", args.gsm8k_data, limit=n)
-  return [tok.encode(gsm8k.make_prompt(p.question, "chat", tok)) for p in problems]
+  return [tok.encode(gsm8k.make_prompt(p.fields["question"], "chat", tok)) for p in problems]
 
 
 def _compile_seconds():
@@ -88,16 +88,16 @@ def _compile_seconds():
 def _run_jax(engine: str, rows, num_rows: int, new_tokens: int, cfg, params, tok, compiled,
              chunk_steps: int = 0, window_step: int = 0) -> dict:
   import jax
-  from tba_jax import sampler
+  from tba_jax import continuous, sampler
   kw = dict(max_new_tokens=new_tokens, temperature=TEMPERATURE, eos_ids=tok.eos_ids,
             pad_id=tok.pad_id)
   key = jax.random.key(0)
   lengths, row_steps = [], 0
   c0, t0, cpu0, load0 = compiled(), time.perf_counter(), time.process_time(), os.getloadavg()[0]
   if engine == "streaming":
-    s = sampler.Sampler(cfg, num_slots=num_rows, chunk_steps=chunk_steps, window_step=window_step,
-                        **kw)
-    stream = s.stream(params, key, max_prompt_len=max(map(len, rows)))
+    stream = continuous.Stream(sampler.Sampler(cfg, **kw), params, key, num_slots=num_rows,
+                               max_prompt_len=max(map(len, rows)), chunk_steps=chunk_steps,
+                               window_step=window_step)
     stream.add(rows, range(len(rows)))
     while stream.busy():
       lengths.extend(len(c.tokens) for c in stream.step())

@@ -40,10 +40,10 @@ def main():
 
   import jax
 
-  from tba_jax import model, rewards, sharding, weight_sync
+  from tba_jax import model, sharding, weight_sync
   from tba_jax.sampler import Sampler
-  from tba_jax.searcher import PromptStream, Searcher
-  from tba_jax.tasks import Problem, tldr
+  from tba_jax.searcher import PromptStream, Searcher, StaticRows
+  from tba_jax.tasks import Problem, RewardBatch, tldr
 
   mesh = sharding.make_mesh("searcher", jax.devices()[:1])
   cfg, rm_cfg = pythia410m(), pythia410m(num_labels=1)
@@ -59,15 +59,15 @@ def main():
   prompts = {i: [int(t) for t in rng.integers(2, cfg.vocab_size, args.prompt_len)] for i in ids}
   sampler = Sampler(cfg, max_new_tokens=args.new_tokens, temperature=0.7, pad_id=1, mesh=mesh)
   searcher = Searcher(
-      0, sampler=sampler, ref_params=reference, mailbox=weight_sync.Mailbox(0, policy),
+      0, rows=StaticRows(sampler), ref_params=reference, mailbox=weight_sync.Mailbox(0, policy),
       stream=PromptStream(ids, seed=0), prompt_tokens=prompts,
-      problems={i: Problem(i, "", "", 0.0) for i in ids}, decode=lambda c: "",
+      problems={i: Problem(i, {"query": ""}) for i in ids}, decode=lambda c: "",
       reward=RandomReward("random", no_eos_reward=-1.0, pad_id=1).build(mesh),
       num_prompts=args.prompts, num_samples=args.samples, max_prompt_len=512, seed=0)
   rows = [prompts[i] for i in ids for _ in range(args.samples)]
   out = sampler(policy, rows, jax.random.key(0))
   completions = [out.tokens[r, :out.lengths[r]] for r in range(len(rows))]
-  batch = rewards.RewardBatch(problems=[Problem(0, "", "", 0.0)] * len(rows), prompts=rows,
+  batch = RewardBatch(problems=[Problem(0, {"query": ""})] * len(rows), prompts=rows,
                               completions=completions, ended_with_eos=np.zeros(len(rows), bool),
                               texts=[""] * len(rows))
 

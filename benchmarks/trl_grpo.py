@@ -90,7 +90,7 @@ def run_trl(args, out: str) -> dict:
   model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
 
   task = config_builders.build_task(c.task, tokenizer.from_gguf(path))
-  train = datasets.Dataset.from_list([{"prompt": task.prompt(p), "gold": p.gold}
+  train = datasets.Dataset.from_list([{"prompt": task.prompt(p), "gold": p.target}
                                       for p in task.train])
   test, n = task.test, args.eval_samples
   test_prompts = [task.prompt(p) for p in test]
@@ -111,7 +111,7 @@ def run_trl(args, out: str) -> dict:
                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
       texts = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
       for k, p in enumerate(test[start:start + 16]):
-        per_problem.append(np.mean([gsm8k.reward(t, p.gold) for t in texts[k * n:(k + 1) * n]]))
+        per_problem.append(np.mean([gsm8k.reward(t, p.target) for t in texts[k * n:(k + 1) * n]]))
     m.train()
     return float(np.mean(per_problem)), standard_error(per_problem)
 

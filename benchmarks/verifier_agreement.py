@@ -33,9 +33,9 @@ def main():
   from tba_jax import verifiers
   from tba_jax.tasks import gsm8k
   problems = gsm8k.load("test", args.data or None)
-  golds = [p.gold for p in problems]
-  probes = {"gold solution": [p.answer for p in problems],
-            "gold + 1": [_wrong(p.answer, p.gold) for p in problems]}
+  golds = [p.target for p in problems]
+  probes = {"gold solution": [p.fields["answer"] for p in problems],
+            "gold + 1": [_wrong(p.fields["answer"], p.target) for p in problems]}
   for name, texts in probes.items():
     t0 = time.perf_counter()
     a = verifiers.paper_regex(texts, golds)

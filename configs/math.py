@@ -130,7 +130,7 @@ import os
 
 import ml_collections
 
-from configs import gsm8k
+from configs import common
 
 VARIANTS = ("tba_prime", "tba_prime_qwen3", "tba_prime_ratio", "tiny")
 TINY_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "math_tiny")
@@ -140,7 +140,7 @@ BOXED_SUFFIX = (" Place your answer at end exactly inside latex box for example 
 
 
 def _common(c):
-  """configs/gsm8k.py's base (every key the runtime reads) set to TBA-prime's MATH run."""
+  """configs/common.py's base (every key the runtime reads) set to TBA-prime's MATH run."""
   c.seed = 42
   c.num_train_steps = 600
   c.model.update(path="Qwen/Qwen2.5-7B-Instruct", dtype="bfloat16", remat=True)
@@ -199,4 +199,4 @@ assert tuple(RECIPES) == VARIANTS
 
 def get_config(arg: str = "tba_prime") -> ml_collections.ConfigDict:
   """`arg`: "VARIANT" or "VARIANT,key=value,..." (e.g. "tiny,num_train_steps=2")."""
-  return gsm8k.from_recipes(arg, "configs/math.py", RECIPES, common=_common)
+  return common.from_recipes(arg, "configs/math.py", RECIPES, common=_common)

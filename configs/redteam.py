@@ -97,7 +97,7 @@ Settings (gpt2; llama differs where noted):
 """
 import ml_collections
 
-from configs import gsm8k
+from configs import common
 
 VARIANTS = ("gpt2", "llama", "tiny")
 
@@ -190,4 +190,4 @@ assert tuple(RECIPES) == VARIANTS
 
 def get_config(arg: str = "gpt2") -> ml_collections.ConfigDict:
   """`arg`: "VARIANT" or "VARIANT,key=value,..." (e.g. "tiny,num_train_steps=3")."""
-  return gsm8k.from_recipes(arg, "configs/redteam.py", RECIPES)
+  return common.from_recipes(arg, "configs/redteam.py", RECIPES)

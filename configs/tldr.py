@@ -104,14 +104,14 @@ import os
 
 import ml_collections
 
-from configs import gsm8k
+from configs import common
 
 VARIANTS = ("pythia410m", "pythia1b", "pythia2p8b", "pythia410m_table1", "tiny")
 TINY_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tldr_tiny")
 
 
 def _common(c):
-  """configs/gsm8k.py's base (every key the runtime reads) set to the authors' TL;DR run."""
+  """configs/common.py's base (every key the runtime reads) set to the authors' TL;DR run."""
   c.num_train_steps = 256  # 40,960 episodes / (8 prompts x 20)
   c.model.update(
       path="mnoukhov/pythia410m-sft-tldr",  # the SFT policy (and the reference)
@@ -224,4 +224,4 @@ assert tuple(RECIPES) == VARIANTS
 
 def get_config(arg: str = "pythia410m") -> ml_collections.ConfigDict:
   """`arg`: "VARIANT" or "VARIANT,key=value,..." (e.g. "tiny,num_train_steps=3")."""
-  return gsm8k.from_recipes(arg, "configs/tldr.py", RECIPES, common=_common)
+  return common.from_recipes(arg, "configs/tldr.py", RECIPES, common=_common)

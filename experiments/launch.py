@@ -6,7 +6,9 @@ r"""The command line every experiment shares: flags, config errors, start-up, th
       --coordinator_address=HOST0:1234 --num_processes=N --process_id=I
 
 An experiment module is `launch.main("EXPERIMENT.py:DEFAULT_VARIANT")`; the task is
-built from the config's `task` section (config_builders.build_task). Rerunning with
+built from the config's `task` section (config_builders.build_task). An experiment of a
+task the runtime does not know passes its builder, `launch.main("EXPERIMENT.py:VARIANT",
+tasks={name: fn(task section, tokenizer) -> Task})` (README, "Adding a task"). Rerunning with
 the same --workdir resumes from the newest checkpoint there. A job other than
 training (experiments/evaluate_tldr.py) passes its own `job(config, workdir)`.
 
@@ -106,7 +108,9 @@ def _missing_config_file(argv: list[str]) -> str | None:
   path, _, arg = specs[-1].partition(":") if specs else ("", "", "")
   if not path or os.path.isfile(path):
     return None
-  ours = sorted(f for f in os.listdir(_CONFIGS) if f.endswith(".py") and f != "__init__.py")
+  # (common.py is the base the config files share, not a config)
+  ours = sorted(f for f in os.listdir(_CONFIGS)
+                if f.endswith(".py") and f not in ("__init__.py", "common.py"))
   name = os.path.basename(path)
   if name in ours and not os.path.isabs(path):
     return (f"config file {path!r} not found from {os.getcwd()}: a config path is relative to "
@@ -131,10 +135,10 @@ def _check_experiment(experiment: str, config, argv: list[str]) -> None:
       f"task.name={name!r}. Run it with: python -m experiments.{right} {shlex.join(argv[1:])}")
 
 
-def _main(argv, experiment: str, job=None):
+def _main(argv, experiment: str, job=None, tasks=None):
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
   try:
-    _start(argv, experiment, job)
+    _start(argv, experiment, job, tasks or {})
   except Exception as e:
     if _DEBUG:
       raise
@@ -156,7 +160,7 @@ def _main(argv, experiment: str, job=None):
     os._exit(130)  # at once: no waiting for the searcher threads or JAX's shutdown
 
 
-def _start(argv, experiment: str, job) -> None:
+def _start(argv, experiment: str, job, tasks: dict) -> None:
   try:
     config = _CONFIG.value
     config.task.name  # ml_collections loads the file on first use
@@ -164,6 +168,7 @@ def _start(argv, experiment: str, job) -> None:
     raise UserError(_explain(e, argv)) from e
   _check_experiment(experiment, config, argv)
   from tba_jax import config_builders, config_checks
+  config_builders.TASKS.update(tasks)  # the experiment's own tasks, by config task.name
   # Before anything touches the devices or the workdir.
   config_checks.validate(config)
   config_builders.use_cpu_devices(config.mesh.num_cpu_devices)
@@ -179,10 +184,13 @@ def _start(argv, experiment: str, job) -> None:
   (job or loop.run)(config, _WORKDIR.value)
 
 
-def main(default_config: str, job=None) -> None:
+def main(default_config: str, job=None, tasks: dict | None = None) -> None:
   """Runs the experiment (or `job(config, workdir)`); `default_config` ("gsm8k.py:cpu")
   when --config is not given. Its file names the experiment (EXPERIMENTS): a config of
-  another experiment's task is refused."""
+  another experiment's task is refused. `tasks`: {task.name: fn(task section, tokenizer)
+  -> tasks.Task} of the tasks this experiment adds (config_builders.TASKS)."""
   experiment = default_config.partition(".py")[0]
-  app.run(lambda argv: _main(sys.argv, experiment, job),
+  if tasks:
+    EXPERIMENTS[experiment] = (*EXPERIMENTS.get(experiment, ()), *tasks)
+  app.run(lambda argv: _main(sys.argv, experiment, job, tasks),
           flags_parser=lambda argv: _parse_flags(argv, default_config))

@@ -63,11 +63,12 @@ def encode(rows, tokenizer) -> tuple[list[list[int]], list[list[int]]]:
   return prompts, completions
 
 
-def batch_of(prompts, completions, tp: int, tc: int, pad_id: int):
-  """A TrainBatch whose completion_mask marks each completion (+ EOS)."""
+def batch_of(prompts, completions, layout):
+  """A TrainBatch (in batch.Layout `layout`) whose completion_mask marks each completion
+  (+ EOS)."""
   from tba_jax import batch as batch_lib
-  n = len(prompts)
-  tokens, attention = batch_lib.token_rows(prompts, completions, tp, tc, pad_id)
+  n, tc = len(prompts), layout.completion_len
+  tokens, attention = batch_lib.token_rows(prompts, completions, layout)
   counted = (np.arange(tc)[None] < np.array([len(c) for c in completions])[:, None])
   zeros = np.zeros((n, tc), np.float32)
   return batch_lib.TrainBatch(
@@ -83,13 +84,14 @@ def train(model_path: str, rows: list[dict], *, out: str | None, steps: int, bat
           tokenizer: str = "", log_every: int = 10) -> list[float]:
   """Fine-tunes `model_path` on `rows`; returns the loss of every step (writes `out`)."""
   from tba_jax import hf_checkpoints, sharding, train_step
+  from tba_jax.batch import Layout
   from tba_jax import tokenizer as tokenizer_lib
   tok = tokenizer_lib.load(tokenizer or model_path)
   mesh = sharding.make_mesh("trainer", jax.local_devices())
   cfg, params = hf_checkpoints.load(model_path, dtype, mesh=mesh, role="trainer")
   prompts, completions = encode(rows, tok)
   # Fixed shapes, one compile: every row padded to the longest prompt / completion.
-  tp, tc = max(map(len, prompts)), max(map(len, completions))
+  layout = Layout(max(map(len, prompts)), max(map(len, completions)), tok.pad_id)
   lr = train_step.warmup_linear(learning_rate, warmup_steps, max(steps, warmup_steps))
   optimizer = train_step.make_optimizer(lr, weight_decay, grad_clip or None)
   state = train_step.init_state(params, optimizer,
@@ -112,8 +114,7 @@ def train(model_path: str, rows: list[dict], *, out: str | None, steps: int, bat
       position += len(take)
       if position == len(order):
         order, position = rng.permutation(len(rows)), 0
-    batch = batch_of([prompts[i] for i in idx], [completions[i] for i in idx], tp, tc,
-                     tok.pad_id)
+    batch = batch_of([prompts[i] for i in idx], [completions[i] for i in idx], layout)
     state, metrics = update(state, jax.device_put(batch, shardings))
     losses.append(float(metrics["loss"]))
     if step % log_every == 0 or step == steps:

@@ -1,12 +1,17 @@
 """The training batch and its token layout, written once for everyone who builds one.
 
-  tokens, attention = token_rows(prompts, completions, tp, tc, pad_id)
-  batch = from_entries(entries, tp, tc, pad_id, include_eos, group_ids)  # the buffer's batches
+  layout = Layout(prompt_len=Tp, completion_len=Tc, pad_id=pad)
+  tokens, attention = token_rows(prompts, completions, layout)
+  batch = from_entries(entries, layout, include_eos, group_ids)  # the buffer's batches
+  size = bucket(n, buckets, "batch size")        # the compiled shape n rounds up to
+  tokens, mask = left_pad(prompts, length, pad)  # [N, length] rows, right-aligned
 
 Every row holds its prompt right-aligned in columns [0, Tp) (left padding) and
 its completion from column Tp (right padding), so every completion starts at
 the same column. The searchers build exactly these rows to score reference
-log-probs, the replay buffer to train on, so both see the same positions.
+log-probs, the replay buffer to train on, so both see the same positions. The
+sampler, the continuous-batching pool and the reward models pad their inputs
+with the same `left_pad` / `right_pad` into shapes chosen by `bucket`.
 
 Groups. The losses estimate log Z (TB) or a baseline (RLOO, GRPO) per GROUP of
 rows, and a group is a batch SLOT: the K samples the replay buffer drew for one
@@ -46,25 +51,66 @@ class TrainBatch:
     return self.tokens.shape[1] - self.completion_mask.shape[1]
 
 
-def token_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], tp: int,
-               tc: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-  """(tokens, attention) [N, tp + tc] int32 of prompt + completion rows (module docstring)."""
-  n = len(prompts)
-  tokens = np.full((n, tp + tc), pad_id, np.int32)
-  attention = np.zeros((n, tp + tc), np.int32)
-  for r, (prompt, completion) in enumerate(zip(prompts, completions)):
-    lp, lc = len(prompt), len(completion)
-    tokens[r, tp - lp:tp], tokens[r, tp:tp + lc] = prompt, completion
-    attention[r, tp - lp:tp + lc] = 1  # an EOS token is attended to, counted or not
-  return tokens, attention
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """The columns of a token row (module docstring): the prompt right-aligned in
+  [0, prompt_len), the completion from column prompt_len on, pad_id elsewhere."""
+  prompt_len: int      # Tp: the longest prompt (task.max_prompt_len)
+  completion_len: int  # Tc: the longest completion (sampler.max_new_tokens)
+  pad_id: int = 0
+
+  @property
+  def width(self) -> int:
+    return self.prompt_len + self.completion_len
 
 
-def from_entries(entries: Sequence[Entry], tp: int, tc: int, pad_id: int,
-                 include_eos: bool, group_ids: Sequence[int]) -> TrainBatch:
+def bucket(n: int, buckets: Sequence[int], what: str) -> int:
+  """The smallest of `buckets` (sorted) that holds `n`; `what` names n in the error."""
+  for b in buckets:
+    if b >= n:
+      return b
+  raise ValueError(f"{what} {n} exceeds the largest bucket {max(buckets)}; add a larger bucket")
+
+
+def left_pad(seqs: Sequence[Sequence[int]], length: int, pad_id: int,
+             num_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens, mask) [num_rows (None: len(seqs)), length] int32: row i holds seqs[i]
+  right-aligned after pad_id (mask 1 on its tokens); rows past len(seqs) are all
+  padding, mask 0."""
+  tokens = np.full((len(seqs) if num_rows is None else num_rows, length), pad_id, np.int32)
+  mask = np.zeros(tokens.shape, np.int32)
+  for i, seq in enumerate(seqs):
+    if len(seq):
+      tokens[i, length - len(seq):], mask[i, length - len(seq):] = seq, 1
+  return tokens, mask
+
+
+def right_pad(seqs: Sequence[Sequence[int]], length: int, pad_id: int,
+              num_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """As `left_pad`, with each sequence left-aligned (pad_id after it)."""
+  tokens = np.full((len(seqs) if num_rows is None else num_rows, length), pad_id, np.int32)
+  mask = np.zeros(tokens.shape, np.int32)
+  for i, seq in enumerate(seqs):
+    tokens[i, :len(seq)], mask[i, :len(seq)] = seq, 1
+  return tokens, mask
+
+
+def token_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+               layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens, attention) [N, Tp + Tc] int32 of prompt + completion rows (module docstring);
+  an EOS token is attended to, counted in log pi or not."""
+  prompt, prompt_mask = left_pad(prompts, layout.prompt_len, layout.pad_id)
+  completion, completion_mask = right_pad(completions, layout.completion_len, layout.pad_id)
+  return (np.concatenate([prompt, completion], axis=1),
+          np.concatenate([prompt_mask, completion_mask], axis=1))
+
+
+def from_entries(entries: Sequence[Entry], layout: Layout, include_eos: bool,
+                 group_ids: Sequence[int]) -> TrainBatch:
   """A TrainBatch of `entries`, one row each, in order; `group_ids` [N] their groups."""
-  n = len(entries)
+  n, tc = len(entries), layout.completion_len
   tokens, attention = token_rows([e.prompt for e in entries], [e.completion for e in entries],
-                                 tp, tc, pad_id)
+                                 layout)
   counted = np.zeros((n, tc), np.float32)
   ref, beh = np.zeros((n, tc), np.float32), np.zeros((n, tc), np.float32)
   for r, e in enumerate(entries):

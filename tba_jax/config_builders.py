@@ -1,6 +1,15 @@
 """Runtime pieces built from config sections: devices, model, tokenizer, task,
 searchers, evaluation, loss, schedules. tba_jax.loop.run wires them together;
-tests and benchmarks build the same pieces from the same config."""
+tests and benchmarks build the same pieces from the same config.
+
+The seams a researcher extends are plain dicts, name -> builder; config_checks
+derives each key's allowed values from their keys, so no list of names is written
+twice:
+  TASKS      task.name -> fn(task section, tokenizer) -> tasks.Task
+             (an experiment adds its own: experiments/launch.main(..., tasks=...))
+  LOSSES     loss.name -> fn(loss section) -> train_step.LossFn
+  SCHEDULES  optim.schedule -> fn(optim section, num_train_steps) -> lr(u)
+"""
 from __future__ import annotations
 
 import functools
@@ -11,18 +20,20 @@ import os
 import jax
 import optax
 
-from tba_jax import faults, hf_checkpoints, lora, losses, rewards, sharding, train_step, verifiers
+from tba_jax import faults, hf_checkpoints, lora, losses, sharding, train_step, verifiers
 from tba_jax import weight_sync
 from tba_jax import tokenizer as tokenizer_lib
-from tba_jax.config_checks import ConfigError
-from tba_jax.errors import DataError
+from tba_jax.batch import Layout
+from tba_jax.errors import ConfigError, DataError
 from tba_jax.evaluation import Evaluator
 from tba_jax.model import LoRAConfig, ModelConfig, init_params
+from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.sampler import Sampler
-from tba_jax.searcher import Exploration, PromptStream, Searcher
+from tba_jax.schedule import Schedule
+from tba_jax.searcher import Exploration, PromptStream, Searcher, StaticRows
 from tba_jax.searcher_pool import SearcherPool
-from tba_jax.streaming import StreamingSearcher
-from tba_jax.tasks import Task, arithmetic, gsm8k, redteam, tldr
+from tba_jax.streaming import StreamingRows
+from tba_jax.tasks import Task, arithmetic, as_stage, gsm8k, redteam, tldr
 from tba_jax.tasks import math as math_task  # (not `math`: the stdlib module is used here)
 
 
@@ -208,37 +219,53 @@ def load_tokenizer(model_cfg):
 
 
 def build_task(task_cfg, tokenizer) -> Task:
-  if task_cfg.name == "tldr":
-    return _tldr_task(task_cfg, tokenizer)
-  if task_cfg.name == "redteam":
-    return redteam_task(task_cfg.redteam)
-  answer = gsm8k.extract_answer
-  if task_cfg.name in ("gsm8k", "math"):
-    path = task_cfg.data_path or None
-    source = gsm8k if task_cfg.name == "gsm8k" else math_task
-    _check_splits(source.data_file("train", path), source.data_file("test", path),
-                  task_cfg.test_on_train)
-    train, test = source.load("train", path), source.load("test", path)
-    if task_cfg.name == "math":
-      answer = math_task.answer_of
-  elif task_cfg.name == "arithmetic":
-    a = task_cfg.arithmetic
-    try:
-      train, test = arithmetic.make_problems(a.ops, a.low, a.high, seed=a.seed,
-                                             test_fraction=a.test_fraction)
-    except ValueError as e:
-      raise ConfigError(f"task.arithmetic: {e}") from None
-  else:
-    raise ValueError(f"unknown task.name {task_cfg.name!r} (gsm8k, math, arithmetic, tldr, "
-                     "redteam)")
+  """The task that task.name names (TASKS), built from the task section."""
+  if task_cfg.name not in TASKS:
+    raise ConfigError(f"task.name={task_cfg.name!r}: must be one of "
+                      f"{', '.join(map(repr, TASKS))}")
+  return TASKS[task_cfg.name](task_cfg, tokenizer)
+
+
+def _gsm8k_task(task_cfg, tokenizer) -> Task:
+  """GSM8K from the hub or task.data_path (tasks/gsm8k.py)."""
+  return _math_word_task(task_cfg, tokenizer, gsm8k, gsm8k.extract_answer)
+
+
+def _math_task(task_cfg, tokenizer) -> Task:
+  """MATH 12k / MATH-500, boxed answers (tasks/math.py)."""
+  return _math_word_task(task_cfg, tokenizer, math_task, math_task.answer_of)
+
+
+def _arithmetic_task(task_cfg, tokenizer) -> Task:
+  """Offline single-digit arithmetic (tasks/arithmetic.py): the CPU default's data."""
+  a = task_cfg.arithmetic
+  try:
+    train, test = arithmetic.make_problems(a.ops, a.low, a.high, seed=a.seed,
+                                           test_fraction=a.test_fraction)
+  except ValueError as e:
+    raise ConfigError(f"task.arithmetic: {e}") from None
+  return _question_task(task_cfg, tokenizer, train, test, gsm8k.extract_answer)
+
+
+def _math_word_task(task_cfg, tokenizer, source, answer) -> Task:
+  path = task_cfg.data_path or None
+  _check_splits(source.data_file("train", path), source.data_file("test", path),
+                task_cfg.test_on_train)
+  return _question_task(task_cfg, tokenizer, source.load("train", path),
+                        source.load("test", path), answer)
+
+
+def _question_task(task_cfg, tokenizer, train, test, answer) -> Task:
+  """A task of questions with a checkable final answer (GSM8K, MATH, arithmetic): the
+  prompt style, the verifier and the headline metrics are the config's."""
   if task_cfg.num_train_problems:
     train = train[:task_cfg.num_train_problems]
   style, suffix = task_cfg.prompt_style, task_cfg.question_suffix
   thinking = {"auto": None, "on": True, "off": False}[task_cfg.thinking]
   if style in ("paper", "chat"):
-    prompt = lambda p: gsm8k.make_prompt(p.question + suffix, style, tokenizer, thinking)
+    prompt = lambda p: gsm8k.make_prompt(p.fields["question"] + suffix, style, tokenizer, thinking)
   else:
-    prompt = lambda p: style.format(question=p.question + suffix)
+    prompt = lambda p: style.format(question=p.fields["question"] + suffix)
   return Task(train=train, test=test, prompt=prompt,
               reward=verifiers.VerifierReward(task_cfg.verifier),
               templated_prompts=style == "chat", answer=answer,
@@ -275,6 +302,11 @@ def _tldr_task(t, tokenizer) -> Task:
                         gold_reward_model=t.gold_reward_model, dtype=t.reward_dtype)
 
 
+def _redteam_task(task_cfg, tokenizer) -> Task:
+  del tokenizer  # the attacker's prompt is fixed; the victim and judges bring their own
+  return redteam_task(task_cfg.redteam)
+
+
 def redteam_task(r) -> Task:
   """The red-teaming task from config.task.redteam (tasks/redteam.py)."""
   victim = redteam.Victim(r.victim, r.victim_dtype, r.victim_prompt, r.victim_temperature,
@@ -283,35 +315,45 @@ def redteam_task(r) -> Task:
   return redteam.make_task(victim, judge, r.embedder)
 
 
+# task.name -> fn(task section, tokenizer) -> Task. An experiment of a new task registers
+# its builder here through experiments/launch.main(..., tasks={name: builder}).
+TASKS = {"gsm8k": _gsm8k_task, "math": _math_task, "arithmetic": _arithmetic_task,
+         "tldr": _tldr_task, "redteam": _redteam_task}
+
+
 def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, meshes, *,
                   publish, params, reference, prompt_tokens: dict[int, list[int]],
                   max_prompt_len: int, seed: int, max_restarts: int,
-                  fault_cfg, in_flight_updates: bool = True,
-                  mismatch_every: int = 0) -> SearcherPool:
+                  fault_cfg, in_flight_updates: bool = True, mismatch_every: int = 0,
+                  schedule: Schedule = Schedule()) -> SearcherPool:
   """This process's searchers, one per mesh, with the task's reward stage built on each.
 
   `publish(params, i)` places params on searcher i's devices; `params` are the trainer's
   first weights (version 0), `reference` the reference policy's (trainer-side) params,
   or None: the first weights (with LoRA: the base, adapters off). Each searcher
   samples its own shard of the training prompts (a global stride over every
-  process's searchers). `fault_cfg`: the config's `fault` section, whose
+  process's searchers); `schedule`: how they run beside the trainer (the mode, fixed
+  here). `fault_cfg`: the config's `fault` section, whose
   searcher_fail_at makes searcher `fault_cfg.searcher`'s reward stage raise (a testing aid).
-  sampler.num_slots > 0 makes them streaming searchers (tba_jax/streaming.py), which take
-  new weights between decode chunks when `in_flight_updates` (sync.in_flight_updates).
+  Their rows come from static batches, or with sampler.num_slots > 0 from a
+  continuous-batching pool (streaming.StreamingRows), which takes new weights between
+  decode chunks when `in_flight_updates` (sync.in_flight_updates).
   """
   s = sampler_cfg
   train_ids = [p.id for p in task.train]
   problems = {p.id: p for p in task.train}
-  stage = rewards.as_stage(task.reward)
+  stage = as_stage(task.reward)
   num_shards = len(meshes) * jax.process_count()
   searchers = []
   for i, mesh in enumerate(meshes):
     shard = i + len(meshes) * jax.process_index()  # this searcher's global index
+    sampler = Sampler(model_config, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                      top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
+                      pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=s.min_new_tokens,
+                      end_with_eos=s.end_with_eos)
     try:
-      sampler = Sampler(model_config, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                        top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
-                        pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=s.min_new_tokens,
-                        end_with_eos=s.end_with_eos, num_slots=s.num_slots or None)
+      rows = (StreamingRows(sampler, num_slots=s.num_slots, in_flight_updates=in_flight_updates)
+              if s.num_slots else StaticRows(sampler))
     except ValueError as e:  # num_slots that the searcher's devices cannot split
       raise ConfigError(f"sampler.num_slots={s.num_slots}: {e}") from None
     first = publish(params, i)
@@ -326,18 +368,26 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
       ref, ref_config = lora.split(first)[0], lora.base_config(model_config)
     else:
       ref, ref_config = first, None
-    streaming = {"in_flight_updates": in_flight_updates} if s.num_slots else {}
-    searchers.append((StreamingSearcher if s.num_slots else Searcher)(
-        shard, sampler=sampler, ref_params=ref, ref_model_config=ref_config,
+    searchers.append(Searcher(
+        shard, rows=rows, ref_params=ref, ref_model_config=ref_config,
         mailbox=weight_sync.Mailbox(0, first),
         stream=PromptStream(train_ids[shard::num_shards], seed=seed + shard),
         prompt_tokens=prompt_tokens, problems=problems, decode=tokenizer.decode,
         reward=reward, num_prompts=s.num_prompts_per_batch,
         num_samples=s.num_samples_per_prompt, max_prompt_len=max_prompt_len, seed=seed,
         explore=Exploration(s.explore_prob, s.explore_low, s.explore_high),
-        mismatch_every=mismatch_every, **streaming))
-  return SearcherPool(searchers, publish=publish, max_prompt_len=max_prompt_len,
-                      max_completion_len=s.max_new_tokens, max_restarts=max_restarts)
+        mismatch_every=mismatch_every))
+  return SearcherPool(searchers, publish=publish,
+                      layout=Layout(max_prompt_len, s.max_new_tokens, tokenizer.pad_id),
+                      max_restarts=max_restarts, schedule=schedule)
+
+
+def replay_buffer(buffer_cfg, *, priority_beta: float, seed: int) -> ReplayBuffer:
+  """The global replay buffer of the config's `buffer` section."""
+  b = buffer_cfg
+  return ReplayBuffer(b.max_per_prompt, b.max_entries or None, b.eviction, seed=seed,
+                      dedup=b.dedup, priority=b.priority, priority_beta=priority_beta,
+                      near_duplicate=b.near_duplicate)
 
 
 def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, mesh,
@@ -351,7 +401,7 @@ def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelC
   return Evaluator(
       problems=problems,
       prompt_tokens=list(encode_prompts(problems, task, tokenizer, max_prompt_len).values()),
-      decode=tokenizer.decode, reward=rewards.as_stage(task.reward).build(mesh),
+      decode=tokenizer.decode, reward=as_stage(task.reward).build(mesh),
       eos_ids=tokenizer.eos_ids, batch_size=e.batch_size,
       greedy=make_sampler(greedy=True) if e.greedy else None,
       sampled=make_sampler(temperature=e.temperature or s.temperature, top_k=s.top_k,
@@ -378,18 +428,23 @@ def encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, l
   return out
 
 
+# loss.name -> fn(loss section) -> train_step.LossFn.
+LOSSES = {
+    "tb": lambda lo: functools.partial(train_step.tb_loss, ratio_clip=lo.ratio_clip or None,
+                                       log_z_from_behaviour=lo.log_z == "behaviour"),
+    # the paper's Proximal RLOO baseline (PPO eps)
+    "rloo": lambda lo: functools.partial(train_step.rloo_loss, ratio_clip=lo.ratio_clip or 0.2),
+    "grpo": lambda lo: functools.partial(train_step.grpo_loss, clip_eps=lo.ratio_clip or 0.2),
+    # TBA-prime's per-token ratio loss (its cap c: 8 by default)
+    "ratio": lambda lo: functools.partial(train_step.ratio_loss, ratio_clip=lo.ratio_clip or 8.0),
+}
+
+
 def loss_fn(loss_cfg):
-  clip = loss_cfg.ratio_clip or None
-  if loss_cfg.name == "tb":
-    return functools.partial(train_step.tb_loss, ratio_clip=clip,
-                             log_z_from_behaviour=loss_cfg.log_z == "behaviour")
-  if loss_cfg.name == "ratio":  # TBA-prime's per-token ratio loss (its cap c: 8 by default)
-    return functools.partial(train_step.ratio_loss, ratio_clip=loss_cfg.ratio_clip or 8.0)
-  if loss_cfg.name == "rloo":  # the paper's Proximal RLOO baseline (PPO eps)
-    return functools.partial(train_step.rloo_loss, ratio_clip=loss_cfg.ratio_clip or 0.2)
-  if loss_cfg.name == "grpo":
-    return functools.partial(train_step.grpo_loss, clip_eps=loss_cfg.ratio_clip or 0.2)
-  raise ValueError(f"unknown loss.name {loss_cfg.name!r} (tb, rloo, grpo, ratio)")
+  """The LossFn that loss.name names (LOSSES)."""
+  if loss_cfg.name not in LOSSES:
+    raise ConfigError(f"loss.name={loss_cfg.name!r}: must be one of {', '.join(map(repr, LOSSES))}")
+  return LOSSES[loss_cfg.name](loss_cfg)
 
 
 def beta_schedule(loss_cfg):
@@ -436,15 +491,21 @@ def _tempered(loss_cfg) -> bool:
                          lo.target_temp_end))
 
 
+# optim.schedule -> fn(optim section, num_train_steps) -> lr(u).
+SCHEDULES = {
+    "wsd": lambda o, n: train_step.warmup_stable_decay(o.learning_rate, o.warmup_steps,
+                                                       o.stable_steps, o.decay_steps),
+    "linear": lambda o, n: train_step.warmup_linear(o.learning_rate, o.warmup_steps,
+                                                    o.linear_decay_steps or n),
+    "cosine": lambda o, n: train_step.warmup_cosine(o.learning_rate, o.warmup_steps,
+                                                    o.decay_steps or n),
+    "constant": lambda o, n: lambda step: o.learning_rate,
+}
+
+
 def lr_schedule(o, num_steps: int):
-  if o.schedule == "wsd":
-    return train_step.warmup_stable_decay(o.learning_rate, o.warmup_steps, o.stable_steps,
-                                          o.decay_steps)
-  if o.schedule == "linear":
-    return train_step.warmup_linear(o.learning_rate, o.warmup_steps,
-                                    o.linear_decay_steps or num_steps)
-  if o.schedule == "cosine":
-    return train_step.warmup_cosine(o.learning_rate, o.warmup_steps, o.decay_steps or num_steps)
-  if o.schedule == "constant":
-    return lambda step: o.learning_rate
-  raise ValueError(f"unknown optim.schedule {o.schedule!r} (wsd, linear, cosine, constant)")
+  """The learning rate of update u (1-based) that optim.schedule names (SCHEDULES)."""
+  if o.schedule not in SCHEDULES:
+    raise ConfigError(f"optim.schedule={o.schedule!r}: must be one of "
+                      f"{', '.join(map(repr, SCHEDULES))}")
+  return SCHEDULES[o.schedule](o, num_steps)

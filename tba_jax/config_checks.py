@@ -13,26 +13,28 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable, Iterable
 
-from tba_jax.errors import UserError
+from tba_jax import config_builders, faults, replay_buffer, verifiers
+from tba_jax.errors import ConfigError  # noqa: F401 (public here too: config_checks.ConfigError)
 from tba_jax.model_config import LORA_TARGETS
 
-# Keys whose value must be one of a fixed set.
+# Keys whose value must be one of a fixed set. The seams' names come from their tables
+# (a task, loss or schedule added there is allowed here with no second list).
 CHOICES = {
     "sync.mode": ("async", "alternate"),
-    "loss.name": ("tb", "rloo", "grpo", "ratio"),
-    "optim.schedule": ("wsd", "linear", "cosine", "constant"),
-    "buffer.eviction": ("oldest", "lowest_reward"),  # replay_buffer.EVICTION_POLICIES
-    "task.name": ("gsm8k", "math", "arithmetic", "tldr", "redteam"),
-    "task.verifier": ("paper_regex", "math_verify"),  # verifiers.VERIFIERS
+    "loss.name": tuple(config_builders.LOSSES),
+    "optim.schedule": tuple(config_builders.SCHEDULES),
+    "buffer.eviction": replay_buffer.EVICTION_POLICIES,
+    "task.name": tuple(config_builders.TASKS),
+    "task.verifier": verifiers.VERIFIERS,
     "task.thinking": ("auto", "on", "off"),
-    "buffer.priority": ("reward", "log_target"),  # replay_buffer.PRIORITIES
+    "buffer.priority": replay_buffer.PRIORITIES,
     "loss.log_z": ("vargrad", "learned", "behaviour"),
     "model.dtype": ("float32", "bfloat16"),
     "sync.weights_dtype": ("", "float32", "bfloat16"),
     "model.add_bos": ("auto", "on", "off"),
     "eval.devices": ("trainer", "searcher"),
     "optim.moments_dtype": ("float32", "bfloat16"),
-    "fault.stop_signal": ("SIGKILL", "SIGTERM"),  # faults.SIGNALS
+    "fault.stop_signal": faults.SIGNALS,
 }
 # Keys only one task has, checked when the config's task.name is that task.
 TASK_CHOICES = {"tldr": {"task.reward_dtype": ("float32", "bfloat16")}}
@@ -70,10 +72,6 @@ POSITIVE = ("sampler.temperature", "sampler.top_p", "buffer.reward_tau", "model.
 PROMPT_STYLES = ("paper", "chat")
 
 
-class ConfigError(UserError, ValueError):
-  """A config value that cannot run; the message names the key and what is allowed."""
-
-
 def flat_keys(config, prefix: str = "") -> list[str]:
   """Every leaf key of a (nested) ConfigDict or dict, dotted."""
   out = []
@@ -106,8 +104,10 @@ def _problems(config) -> Iterable[str]:
   get = lambda key: lookup(config, key)
   checks: list[tuple[str, Callable[[Any], bool], str]] = []
   task_choices = TASK_CHOICES.get(get("task.name"), {})
+  # task.name read now: an experiment may have registered its task since import (TASKS).
+  choices = {**CHOICES, "task.name": tuple(config_builders.TASKS), **task_choices}
   checks += [(k, lambda v, c=c: v in c, "one of " + ", ".join(map(repr, c)))
-             for k, c in {**CHOICES, **task_choices}.items()]
+             for k, c in choices.items()]
   checks += [(k, lambda v: v >= 1, ">= 1") for k in AT_LEAST_ONE]
   checks += [(k, lambda v: v >= 0, ">= 0") for k in AT_LEAST_ZERO]
   checks += [(k, lambda v, lo=lo, hi=hi: lo <= v <= hi, f"in [{lo}, {hi}]")
@@ -126,7 +126,7 @@ def _problems(config) -> Iterable[str]:
     except TypeError:  # e.g. a string where a number belongs
       good = False
     if not good:
-      close = difflib.get_close_matches(str(value), CHOICES.get(key, ()), n=1)
+      close = difflib.get_close_matches(str(value), choices.get(key, ()), n=1)
       hint = f" (did you mean {close[0]!r}?)" if close else ""
       yield f"{key}={value!r}: must be {allowed}{hint}"
   # Tasks with a fixed prompt (TL;DR's is the dataset's query) have no prompt_style.

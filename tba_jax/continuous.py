@@ -42,10 +42,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tba_jax import batch as batch_lib
 from tba_jax import model as model_lib
 from tba_jax import sampler as sampler_lib
 from tba_jax import sharding
 from tba_jax.model import KVCache
+
+# At most this many decode steps between host refills, and attention windows in
+# multiples of this many cache slots.
+DEFAULT_CHUNK_STEPS = 32
+DEFAULT_WINDOW_STEP = 64
 
 
 @jax.tree_util.register_dataclass
@@ -212,6 +218,18 @@ def _decode_program(params, state, max_steps, min_free, *, model_config, options
 # ---------------------------------------------------------------------------
 # The host side: queue, prefilled prompts, slots.
 # ---------------------------------------------------------------------------
+def check_pool(sampler: sampler_lib.Sampler, num_slots: int, chunk_steps: int,
+               window_step: int) -> None:
+  """Raises ValueError unless a pool of `num_slots` rows splits over the sampler's mesh
+  and the chunk and window sizes are positive."""
+  data = sharding.batch_size_multiple("searcher", sampler.mesh)
+  if num_slots < 1 or num_slots % data:
+    raise ValueError(f"num_slots={num_slots} must be a positive multiple of the mesh's "
+                     f"data axis ({data})")
+  if chunk_steps < 1 or window_step < 1:
+    raise ValueError(f"chunk_steps={chunk_steps} and window_step={window_step} must be >= 1")
+
+
 @dataclasses.dataclass
 class StreamStats:
   decode_steps: int = 0  # pool steps (each runs all N slots)
@@ -237,11 +255,13 @@ class Stream:
   """
 
   def __init__(self, sampler: sampler_lib.Sampler, params, rng_key, *, num_slots: int,
-               max_prompt_len: int, chunk_steps: int, window_step: int, version: Any = None):
+               max_prompt_len: int, chunk_steps: int = DEFAULT_CHUNK_STEPS,
+               window_step: int = DEFAULT_WINDOW_STEP, version: Any = None):
+    check_pool(sampler, num_slots, chunk_steps, window_step)
     self.sampler, self.options, self.mesh = sampler, sampler.options, sampler.mesh
     self.num_slots, self.chunk_steps, self.window_step = num_slots, chunk_steps, window_step
-    self.max_prompt_bucket = sampler_lib._bucket(max_prompt_len, sampler.prompt_buckets,
-                                                 "prompt length")
+    self.max_prompt_bucket = batch_lib.bucket(max_prompt_len, sampler.prompt_buckets,
+                                              "prompt length")
     # Every sampled token but the last (never fed back) takes a slot; one more
     # because an ended row keeps running, masked, writing at its next slot
     # (decode writes are scatters promised to stay in bounds).
@@ -371,12 +391,9 @@ class Stream:
 
   def _prefill(self, prompts: list[tuple]) -> None:
     """The distinct `prompts` through the model in one batch, left-padded."""
-    u = sampler_lib._bucket(len(prompts), self.sampler.batch_buckets, "prefill batch")
-    t = sampler_lib._bucket(max(map(len, prompts)), self.sampler.prompt_buckets, "prompt length")
-    tokens = np.full((u, t), self.options.pad_id, np.int32)
-    mask = np.zeros((u, t), np.int32)
-    for i, p in enumerate(prompts):
-      tokens[i, t - len(p):], mask[i, t - len(p):] = p, 1
+    u = batch_lib.bucket(len(prompts), self.sampler.batch_buckets, "prefill batch")
+    t = batch_lib.bucket(max(map(len, prompts)), self.sampler.prompt_buckets, "prompt length")
+    tokens, mask = batch_lib.left_pad(prompts, t, self.options.pad_id, num_rows=u)
     rows = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.mesh, x.ndim))
     logits, batch = _prefill_program(self.params, rows(tokens), rows(mask),
                                      model_config=self.sampler.model_config, mesh=self.mesh)
@@ -395,12 +412,17 @@ class _Slot:
 
 
 def generate(sampler: sampler_lib.Sampler, params, prompts: Sequence[Sequence[int]],
-             rng_key, temperature: float | None = None) -> sampler_lib.Rollouts:
-  """`sampler(params, prompts, rng_key, temperature)` through a pool of
-  `sampler.num_slots` rows: the same Rollouts (row i is prompts[i], seeded by its
-  index i)."""
+             rng_key, temperature: float | None = None, *, num_slots: int,
+             chunk_steps: int = DEFAULT_CHUNK_STEPS,
+             window_step: int = DEFAULT_WINDOW_STEP) -> sampler_lib.Rollouts:
+  """`sampler(params, prompts, rng_key, temperature)` through a pool of `num_slots` rows:
+  the same Rollouts (row i is prompts[i], seeded by its index i)."""
+  if not prompts:
+    raise ValueError("no prompts")
   n, m = len(prompts), sampler.options.max_new_tokens
-  stream = sampler.stream(params, rng_key, max_prompt_len=max(map(len, prompts)))
+  stream = Stream(sampler, params, rng_key, num_slots=num_slots,
+                  max_prompt_len=max(map(len, prompts)), chunk_steps=chunk_steps,
+                  window_step=window_step)
   stream.add(prompts, range(n), temperature)
   tokens = np.full((n, m), sampler.options.pad_id, np.int32)
   logprobs, tempered = np.zeros((n, m), np.float32), np.zeros((n, m), np.float32)

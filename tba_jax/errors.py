@@ -11,5 +11,9 @@ class UserError(Exception):
   """A config value, a data file, a workdir or a command line the user can fix."""
 
 
+class ConfigError(UserError, ValueError):
+  """A config value that cannot run; the message names the key and what is allowed."""
+
+
 class DataError(UserError, ValueError):
   """A data file that cannot be used: the message names the file (and line) and what is wrong."""

@@ -23,8 +23,7 @@ import jax
 import numpy as np
 import tqdm
 
-from tba_jax.rewards import RewardBatch, RewardFn
-from tba_jax.tasks import Problem
+from tba_jax.tasks import Problem, RewardBatch, RewardFn
 
 # generate(params, prompts, key) -> Rollouts (a sampler.Sampler)
 GenerateFn = Callable
@@ -174,6 +173,5 @@ class Evaluator:
   def _keep(self, name: str, batch: RewardBatch, rewards: np.ndarray) -> None:
     """The pass's completions as rows for `samples` (the loop may write them out)."""
     for problem, text, reward in zip(batch.problems, batch.texts, rewards.reshape(-1)):
-      self.samples.append({"pass": name, "problem_id": problem.id,
-                           "question": problem.question, "completion": text,
-                           "reward": float(reward)})
+      self.samples.append({"pass": name, "problem_id": problem.id, **problem.fields,
+                           "completion": text, "reward": float(reward)})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 
-from tba_jax.rewards import RewardBatch, RewardFn
+from tba_jax.tasks import RewardBatch, RewardFn
 
 SIGNALS = ("SIGKILL", "SIGTERM")
 

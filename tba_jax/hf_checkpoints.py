@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import zipfile
 from typing import Callable
@@ -24,7 +25,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from tba_jax import hf_layouts
+from tba_jax import hf_layouts, lora
 from tba_jax import model as model_lib
 from tba_jax.gguf_weights import GGUFWeights
 from tba_jax.hf_layouts import config_from_hf, config_to_hf  # noqa: F401 (config_to_hf: public here too)
@@ -300,6 +301,82 @@ def _write_safetensors(tensors: dict[str, np.ndarray], out_dir: str, max_shard_b
     weight_map.update({name: fname for name in shard})
   with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
     json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
+
+
+# ---------------------------------------------------------------------------
+# LoRA adapters in PEFT's format.
+# ---------------------------------------------------------------------------
+# GPT-2 stores its projections as Conv1D [in, out] (not torch Linear's [out, in]): PEFT
+# flags such modules fan_in_fan_out.
+_CONV1D_TYPES = ("gpt2",)
+
+
+def _hf_order(spec: hf_layouts.Spec, shapes, n_in: int, conv1d: bool):
+  """(input order, output order) of the HF module holding `spec`'s kernels: which of
+  our flattened input / (concatenated) output indices each HF row / column is.
+
+  Read off hf_layouts' own converter: our kernels filled with their index values go
+  through `spec.to_hf` (GPT-NeoX interleaves q/k/v per head, GPT-2 concatenates)."""
+  ins, outs, offset = [], [], 0
+  for shape in shapes:
+    in_size, out_size = math.prod(shape[:n_in]), math.prod(shape[n_in:])
+    ones = (1,) * (len(shape) - n_in)
+    ins.append(np.broadcast_to(np.arange(in_size).reshape(*shape[:n_in], *ones), shape))
+    outs.append(np.broadcast_to(offset + np.arange(out_size).reshape(*(1,) * n_in, *shape[n_in:]),
+                                shape))
+    offset += out_size
+  t_in, t_out = spec.to_hf(*ins), spec.to_hf(*outs)  # [out, in] (Linear) or [in, out] (Conv1D)
+  return (t_in[:, 0], t_out[0]) if conv1d else (t_in[0], t_out[:, 0])
+
+
+def peft_tensors(cfg: ModelConfig, adapters: Params) -> tuple[dict[str, np.ndarray], list[str]]:
+  """({PEFT tensor name: array}, target module names) of `adapters` (host arrays).
+
+  PEFT names each layer's tensors `base_model.model.<HF module>.lora_A.weight` [R, in]
+  and `lora_B.weight` [out, R], in the HF module's own input and output order."""
+  base = lora.base_config(cfg)
+  specs = {leaf: spec for spec in hf_layouts.leaf_specs(base) for leaf in spec.leaves}
+  shapes = model_lib.param_shapes(base)["layers"]
+  conv1d = cfg.model_type in _CONV1D_TYPES
+  tensors, targets = {}, []
+  for which in ("attn", "mlp"):
+    for name, kernels in cfg.lora_adapters(which):
+      spec = specs[f"layers/{which}/{kernels[0]}"]
+      if spec.leaves != tuple(f"layers/{which}/{k}" for k in kernels):  # a gap in hf_layouts
+        raise RuntimeError(f"adapter {name} covers {kernels}; the HF module holds {spec.leaves}")
+      module = spec.hf.removesuffix(".weight")  # e.g. model.layers.{i}.self_attn.q_proj
+      in_order, out_order = _hf_order(spec, [shapes[which][k].shape[1:] for k in kernels],
+                                      model_lib.input_dims(kernels[0]), conv1d)
+      a = np.asarray(jax.device_get(adapters["layers"][which][name]["lora_a"]))  # [L, in, R]
+      b = np.asarray(jax.device_get(adapters["layers"][which][name]["lora_b"]))  # [L, R, out]
+      for i in range(cfg.num_layers):
+        prefix = f"base_model.model.{module.format(i=i)}."
+        tensors[prefix + "lora_A.weight"] = np.ascontiguousarray(a[i][in_order].T)
+        tensors[prefix + "lora_B.weight"] = np.ascontiguousarray(b[i][:, out_order].T)
+      targets.append(module.split("{i}.", 1)[1])  # self_attn.q_proj, attn.c_attn, ...
+  return tensors, targets
+
+
+def save_peft(cfg: ModelConfig, adapters: Params, out_dir: str,
+              base_model: str | None = None) -> None:
+  """adapter_config.json + adapter_model.safetensors in `out_dir`, for
+  `peft.PeftModel.from_pretrained(<the HF base model>, out_dir)`.
+
+  `base_model`: the base's hub id or path, recorded as base_model_name_or_path."""
+  from safetensors.numpy import save_file
+  tensors, targets = peft_tensors(cfg, adapters)
+  config = {
+      "peft_type": "LORA", "task_type": "SEQ_CLS" if cfg.num_labels else "CAUSAL_LM",
+      "base_model_name_or_path": base_model, "r": cfg.lora.rank,
+      "lora_alpha": cfg.lora.alpha, "lora_dropout": 0.0, "target_modules": targets,
+      "fan_in_fan_out": cfg.model_type in _CONV1D_TYPES, "bias": "none",
+      "use_rslora": False, "use_dora": False, "init_lora_weights": True, "inference_mode": True,
+      "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {},
+  }
+  os.makedirs(out_dir, exist_ok=True)
+  save_file(tensors, os.path.join(out_dir, "adapter_model.safetensors"), metadata={"format": "pt"})
+  with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
+    json.dump(config, f, indent=2)
 
 
 def convert(directory: str, max_shard_bytes: int = 4 << 30) -> None:

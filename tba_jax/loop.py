@@ -11,11 +11,13 @@ merges the searchers' new entries into the global buffer.
 
 sync.mode = "alternate" runs the roles one after the other (search a round,
 then k steps): what one device does, and with k=1, m=1, S=K and no reuse,
-exactly synchronous on-policy training.
+exactly synchronous on-policy training. The mode is fixed when the pool is
+built (schedule.Schedule): the loop below reads the same in both, the pool's
+prefill / before_step / sync doing what the mode asks.
 
 Staleness enters at two places, both measured: a sample's version is the
-mailbox version its searcher read at the start of its batch (a streaming
-searcher's, sampler.num_slots > 0: the oldest version its row was decoded
+mailbox version its searcher read at the start of its batch (with
+sampler.num_slots > 0, streaming rows: the oldest version its row was decoded
 under), and the trainer reports (its params version - sample version) for
 every trained sample.
 
@@ -28,9 +30,7 @@ it (distributed).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import os
 import time
 
@@ -47,7 +47,8 @@ from tba_jax.checkpoint import Checkpointer
 from tba_jax.metrics import LatestFractionWatch, MetricsWriter, PeakWatch
 from tba_jax.model import ModelConfig
 from tba_jax.replay_buffer import ReplayBuffer
-from tba_jax.searcher_pool import SearcherError
+from tba_jax.schedule import Schedule, due
+from tba_jax.searcher_pool import SearcherError, SearcherPool
 from tba_jax.tasks import Task
 
 __all__ = ["run", "SearcherError", "FINISHED_FILE"]
@@ -59,15 +60,6 @@ FINISHED_FILE = "finished.json"
 ADAPTER_DIR = "adapter"
 # eval.save_samples: every evaluation's completions, WORKDIR/eval_samples/step_NNNNNN.jsonl.
 SAMPLES_DIR = "eval_samples"
-
-
-
-@dataclasses.dataclass
-class _Clock:
-  """Trainer busy / waiting time, for the idle fractions."""
-  busy: float = 0.0
-  waiting: float = 0.0
-  sync: float = 0.0
 
 
 # ---------------------------------------------------------------------------
@@ -85,11 +77,11 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   build.use_cpu_devices(c.mesh.num_cpu_devices)
   config_dict = c.to_dict()
   is_main = jax.process_index() == 0
+  checkpoints = os.path.join(workdir, "checkpoints")
   finished = _finished(workdir)
   if finished is not None and finished["step"] >= c.num_train_steps:
     # Refuses as a resume would when the config changed what the run computes.
-    Checkpointer(os.path.join(workdir, "checkpoints"), c.checkpoint.max_to_keep).check_config(
-        config_dict)
+    Checkpointer(checkpoints, c.checkpoint.max_to_keep).check_config(config_dict)
     print(f"{workdir}: this run finished at step {finished['step']} (final evaluation"
           f"{' and export' if c.export else ''} done); nothing to do. Raise num_train_steps "
           "to train on.")
@@ -106,281 +98,143 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   model_cfg, params, base = build.load_policy(c.model, tokenizer,
                                               "float32" if master32 else c.model.dtype,
                                               trainer_mesh, c.seed)
-  # Ids are per split (the replay buffer's prompt ids are train ids).
-  prompt_tokens = build.encode_prompts(task.train, task, tokenizer, c.task.max_prompt_len)
-  tp, tc = c.task.max_prompt_len, c.sampler.max_new_tokens
-  searcher_dtype = c.sync.weights_dtype or c.model.dtype
   # Searchers (and evaluation) run in the published dtype, not the float32 of master
   # weights: their activations and KV cache are bfloat16 on accelerators.
+  searcher_dtype = c.sync.weights_dtype or c.model.dtype
   searcher_cfg = model_cfg.replace(dtype=searcher_dtype)
   # Evaluation runs on this process's trainer devices (idle meanwhile) or searcher 0's.
   eval_mesh = build.evaluation_mesh(c.eval.devices, trainer_mesh, searcher_meshes,
                                     c.mesh.trainer_tensor)
   meshes = searcher_meshes if eval_mesh in searcher_meshes else [*searcher_meshes, eval_mesh]
-  eval_index = meshes.index(eval_mesh)
   publish = build.publisher(model_cfg, base, meshes, searcher_dtype, trainer_mesh)
 
-  # ----- Trainer --------------------------------------------------------------
-  o = c.optim
-  lr = build.lr_schedule(o, c.num_train_steps)
-  lr_at = lambda done: float(lr(done))  # the lr of update `done` (1-based, as the authors)
-  optimizer = train_step.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None, o.b1, o.b2,
-                                        moments_dtype=o.moments_dtype)
-  log_z = build.learned_log_z(c.loss, task)
-  state = train_step.init_state(
-      params, optimizer, train_step.state_shardings(model_cfg, optimizer, trainer_mesh, log_z),
-      log_z)
+  # ----- Trainer, buffer, searchers, evaluation -------------------------------------
+  state, update, beta, lr = _trainer(c, model_cfg, params, base, task, trainer_mesh)
   del params
-  num_params = model.count_params(lora.base_config(model_cfg))
-  beta = build.beta_schedule(c.loss)
-  train = train_step.make_update(
-      model_cfg, optimizer, build.loss_fn(c.loss), beta, trainer_mesh,
-      temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
-      num_microbatches=o.num_microbatches, remat=c.model.remat, lr_schedule=lr,
-      ref_weight_schedule=build.ref_weight_schedule(c.loss), learned_log_z=log_z,
-      dropout=c.model.dropout, dropout_seed=c.seed)
-  # LoRA: every update also reads the frozen base (never donated, never rebound).
-  update = (lambda state, batch: train(state, batch, base)) if base else train
-  batch_sharding = train_step.batch_shardings(trainer_mesh)
-  global_buffer = ReplayBuffer(c.buffer.max_per_prompt, c.buffer.max_entries or None,
-                               c.buffer.eviction, seed=c.seed, dedup=c.buffer.dedup,
-                               priority=c.buffer.priority, priority_beta=c.loss.beta_end,
-                               near_duplicate=c.buffer.near_duplicate)
-
-  # ----- Searchers and evaluation ---------------------------------------------------
+  b = c.buffer
+  global_buffer = build.replay_buffer(b, priority_beta=c.loss.beta_end, seed=c.seed)
   # With reference resets the reference in use is part of the run state: a copy on the
-  # trainer mesh (in the searchers' dtype), saved with every checkpoint.
-  resets = c.loss.ref_reset_every > 0
-  reference = weight_sync.snapshot(state.params, searcher_dtype) if resets else None
-  pool = build.searcher_pool(c.sampler, task, tokenizer, searcher_cfg, searcher_meshes,
-                             publish=publish, params=state.params, reference=reference,
-                             prompt_tokens=prompt_tokens, max_prompt_len=tp, seed=c.seed,
-                             max_restarts=c.searcher.max_restarts, fault_cfg=c.fault,
-                             in_flight_updates=c.sync.in_flight_updates,
-                             mismatch_every=c.searcher.mismatch_every)
-  evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg, eval_mesh, tp,
-                              progress=is_main)
-
-  def evaluate(params, step, wall_time=None):
-    """Evaluates `params`, writes the scores and the evaluation's time; returns the scores."""
-    start = time.perf_counter()
-    reference = reference_config = None
-    if task.evaluation is not None:  # a task's metrics may read the reference searcher 0 uses
-      sr = pool.searchers[0]
-      reference_config = sr.ref_model_config  # with LoRA the base's, not the policy's
-      reference = sr.ref_params if eval_index == 0 else jax.device_put(
-          sr.ref_params, sharding.param_shardings(reference_config, "searcher", eval_mesh))
-    scores = evaluator(publish(params, eval_index),
-                       jax.random.fold_in(jax.random.key(c.seed + 1), step), reference=reference,
-                       reference_config=reference_config)
-    metrics_writer.write(step, {**scores, "eval_seconds": time.perf_counter() - start},
-                         wall_time=wall_time)
-    if is_main and c.eval.save_samples:
-      _write_samples(os.path.join(workdir, SAMPLES_DIR, f"step_{step:06d}.jsonl"),
-                     evaluator.samples)
-    if peak_watch is not None and headline[0] in scores:
-      warning = peak_watch(step, scores[headline[0]], scores.get(headline[0] + "_se", 0.0))
-      if warning and is_main:
-        tqdm.tqdm.write(warning)
-    return scores
+  # trainer mesh (in the searchers' dtype), saved with every checkpoint; else None.
+  reference = (weight_sync.snapshot(state.params, searcher_dtype)
+               if c.loss.ref_reset_every else None)
+  pool = build.searcher_pool(
+      c.sampler, task, tokenizer, searcher_cfg, searcher_meshes, publish=publish,
+      params=state.params, reference=reference,
+      # Ids are per split (the replay buffer's prompt ids are train ids).
+      prompt_tokens=build.encode_prompts(task.train, task, tokenizer, c.task.max_prompt_len),
+      max_prompt_len=c.task.max_prompt_len, seed=c.seed, max_restarts=c.searcher.max_restarts,
+      fault_cfg=c.fault, in_flight_updates=c.sync.in_flight_updates,
+      mismatch_every=c.searcher.mismatch_every,
+      schedule=Schedule.of(mode, c.sync.every, b.num_prompts, b.m))
+  evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg, eval_mesh,
+                              c.task.max_prompt_len, progress=is_main)
 
   # ----- Resume -------------------------------------------------------------------
-  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), c.checkpoint.max_to_keep)
-  # With resets the checkpointed tree is (train state, reference); loss.ref_reset_every is
-  # part of the config a resume must match, so the structure always fits.
-  run_state = lambda state, reference: (state, reference) if resets else state
-  restored = checkpointer.restore(jax.tree.map(_abstract, run_state(state, reference)),
-                                  config_dict)
-  start_step, elapsed = 0, 0.0
-  if restored is not None:
-    start_step, meta = restored.step, restored.meta
-    state, reference = restored.train_state if resets else (restored.train_state, None)
-    global_buffer.load_state_dict(restored.buffer)
-    # The searchers' unmerged entries go back to their local buffers: the next sync merges
-    # them, as it would have without the interruption.
-    pool.load_snapshot(restored.unmerged, meta["searchers"])
-    pool.publish(start_step, state.params)
-    if resets:
-      pool.set_reference(reference)
-    elapsed = meta.get("wall_time", 0.0)  # absent in checkpoints of older versions
-    print(f"Resumed from step {start_step} ({len(global_buffer)} buffer entries, "
-          f"{len(restored.unmerged)} searcher entries not merged yet).")
+  saves = _Checkpoints(Checkpointer(checkpoints, c.checkpoint.max_to_keep), config_dict, pool,
+                       global_buffer)
+  start_step, elapsed, state, reference = saves.resume(state, reference)
 
-  def save(step, state, reference):
-    # Every process takes part: orbax writes the global arrays collectively. The searchers
-    # keep sampling: the snapshot copies their committed entries and cursors.
-    unmerged, searchers = pool.snapshot()
-    checkpointer.save(step, run_state(state, reference), global_buffer.state_dict(),
-                      {"step": step, "searchers": searchers,
-                       "wall_time": metrics_writer.elapsed()}, config_dict, unmerged=unmerged)
-
-  def preempted(step, signum, state, reference):
-    """SIGTERM or Ctrl-C on any process: every process saves this step and returns."""
-    save(step, state, reference)
-    print(interrupts.saved_message(signum, step, checkpointer.directory, jax.process_count()),
-          flush=True)
-    return {"step": step, "terminated": True, "signal": interrupts.NAMES[signum],
-            **_buffer_summary(global_buffer)}
-
-  def stop_if_a_searcher_failed(state, reference):
-    if pool.failed():
-      save(int(state.step), state, reference)
-      raise pool.error(int(state.step))
-
-  def search_round(num_prompts, state, reference):
-    """Alternate mode: the searchers sample `num_prompts` prompts; the trainer waits."""
-    t0 = time.perf_counter()
-    pool.search_round(num_prompts)
-    stop_if_a_searcher_failed(state, reference)
-    clock.waiting += time.perf_counter() - t0
-
+  # ----- Run state: metrics, evaluation, checkpoints, stop requests ----------------------
   setup = run_info.describe(
       c, trainer_mesh=trainer_mesh, searcher_meshes=searcher_meshes, mode=mode,
-      model_config=model_cfg, num_params=num_params, task=task,
-      num_eval_problems=len(evaluator.problems), start_step=start_step,
-      beta_at=lambda done: float(beta(done)), lr_at=lr_at)
-  metrics_writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard,
-                                 wandb_project=c.log.wandb_project or None,
-                                 config_dict=config_dict, enabled=is_main, elapsed=elapsed)
+      model_config=model_cfg, num_params=model.count_params(lora.base_config(model_cfg)),
+      task=task, num_eval_problems=len(evaluator.problems), start_step=start_step,
+      beta_at=lambda done: float(beta(done)), lr_at=lambda done: float(lr(done)))
+  writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard,
+                         wandb_project=c.log.wandb_project or None, config_dict=config_dict,
+                         enabled=is_main, elapsed=elapsed)
   if is_main:
     print(run_info.banner(setup, workdir), flush=True)
-  metrics_writer.start_segment(start_step, setup)
-  headline = [m.key for m in task.headline]
-  # Every later evaluation is shown against the starting policy's (step 0, maybe logged by
-  # an earlier segment of this run).
-  first_scores = metrics.evaluation(metrics_writer.path, 0) if is_main else {}
-  # A warning when the first headline metric (higher is better) falls well below its peak.
-  peak_watch = PeakWatch(f"held-out {headline[0]}") if headline else None
+  writer.start_segment(start_step, setup)
+  saves.writer = writer  # its clock is saved with every checkpoint
+  evaluate = _Evaluation(c, workdir, task, evaluator, pool, publish, meshes.index(eval_mesh),
+                         eval_mesh, writer, is_main)
+  stop = interrupts.StopRequest(saves.checkpointer.directory).install()
+  stop_here = _process_stop(c.fault)  # a testing aid; None unless it stops this process
   training = start_step < c.num_train_steps  # else only the final evaluation is left
-  stop = interrupts.StopRequest(checkpointer.directory).install()
-  fault = c.fault  # a testing aid (faults.py); None unless it asks this process to stop
-  stop_here = (faults.ProcessStop(fault.stop_at_step, fault.stop_signal)
-               if fault.stop_at_step and fault.stop_process == jax.process_index() else None)
-  clock = _Clock()
 
   try:
     # ----- Evaluate the starting policy --------------------------------------------
     if start_step == 0:
-      first_scores = evaluate(state.params, 0, wall_time=0.0)
-      if is_main:
-        print(f"step 0: {metrics.summary(headline, {}, first_scores)}", flush=True)
+      evaluate(state.params, 0, wall_time=0.0)
 
     # ----- Pre-fill the buffer (a resumed run has its buffer back) ------------------
-    if mode == "async" and training:
-      pool.start()
-    t0 = time.perf_counter()
-    while start_step == 0 and len(global_buffer) < c.buffer.prefill:
-      if mode == "async":
-        time.sleep(0.1)
-        stop_if_a_searcher_failed(state, reference)
-      else:
-        search_round(c.buffer.num_prompts, state, reference)
-      pool.merge(global_buffer)
+    if training:
+      pool.begin()
+    while start_step == 0 and len(global_buffer) < b.prefill:
+      if pool.prefill(global_buffer):
+        raise saves.gave_up(state, reference)
       signum, = distributed.broadcast_max(stop.signum)
       if signum:
-        return preempted(0, signum, state, reference)  # a resume goes on pre-filling
+        return saves.preempted(0, signum, state, reference)  # a resume goes on pre-filling
     if start_step == 0:
       global_buffer.mark_sync()
-    if mode == "async":
-      clock.waiting += time.perf_counter() - t0
 
-    # ----- Train ------------------------------------------------------------------------
+    # ----- Train: sample, update, sync, log, evaluate, save ---------------------------
     bar = tqdm.tqdm(total=c.num_train_steps, initial=start_step, disable=not is_main,
                     desc="train", dynamic_ncols=True)
-    b = c.buffer
     train_start = last_eval = time.perf_counter()
-    last = max(c.num_train_steps, start_step)
-    # Alternate mode: a round searches what a window of k steps wants from the latest sync
-    # (k x B x m prompts; at least B).
-    window_prompts = max(b.num_prompts, math.ceil(c.sync.every * b.num_prompts * b.m))
+    last, busy = max(c.num_train_steps, start_step), 0.0
     watch = LatestFractionWatch(b.m)
+    batch_shardings = train_step.batch_shardings(trainer_mesh)
     for step in range(start_step, c.num_train_steps):
-      # Step 0's round was the pre-fill; a resumed run searches at its first step as the
-      # uninterrupted run did (its checkpoint was saved after the publish, before the round).
-      if mode == "alternate" and step > 0 and step % c.sync.every == 0:
-        search_round(window_prompts, state, reference)
-        pool.merge(global_buffer)
-        global_buffer.mark_sync()
+      done = step + 1
+      if pool.before_step(step, global_buffer):  # alternate: a window's round
+        raise saves.gave_up(state, reference)
       t0 = time.perf_counter()
       batch, info = global_buffer.sample(
-          b.num_prompts, b.samples_per_prompt, b.m, max_prompt_len=tp, max_completion_len=tc,
-          pad_id=tokenizer.pad_id, include_eos=c.loss.include_eos, reward_tau=b.reward_tau,
+          b.num_prompts, b.samples_per_prompt, b.m, layout=pool.layout,
+          include_eos=c.loss.include_eos, reward_tau=b.reward_tau,
           reward_weight=b.reward_weight, reuse_latest=b.reuse_latest)
-      version = int(state.step)
-      staleness = version - info["versions"]
-      distinct = batch_lib.distinct_fraction(batch)
-      state, m = update(state, _to_global(batch, batch_sharding))
+      # Staleness enters here: the trainer's version minus each sample's.
+      staleness = int(state.step) - batch.versions
+      state, m = update(state, _to_global(batch, batch_shardings))
       m = jax.device_get(m)  # the trainer's one host sync per step
       dt = time.perf_counter() - t0
-      clock.busy += dt
+      busy += dt
       if not np.isfinite(m["loss"]):
-        raise FloatingPointError(
-            f"loss is {m['loss']} at step {step + 1} (grad_norm={m['grad_norm']}); stopping "
-            f"without saving. The checkpoints in {checkpointer.directory} are intact.")
+        raise saves.diverged(m, done)
       if stop_here:
-        stop_here(step + 1)
+        stop_here(done)
 
-      # Sync: weights to the searchers, their new entries into the global buffer.
-      # (Alternate mode merges at its next search round.)
-      if (step + 1) % c.sync.every == 0:
-        t1 = time.perf_counter()
-        pool.publish(step + 1, state.params)
-        if mode == "async":
-          pool.merge(global_buffer)
-          global_buffer.mark_sync()
-          clock.sync += time.perf_counter() - t1
-          stop_if_a_searcher_failed(state, reference)
-      if resets and (step + 1) % c.loss.ref_reset_every == 0:
-        # Entries already sampled keep the reference log-probs they were scored with; a
-        # batch group can mix them with entries scored under the new reference (docs/configs.md).
-        reference = weight_sync.snapshot(state.params, searcher_dtype)
-        pool.set_reference(reference)
-        if is_main:
-          tqdm.tqdm.write(f"step {step + 1}: reference reset; {len(global_buffer)} buffer "
-                          "entries keep log-probs of the previous reference")
+      # Sync: weights to the searchers (async mode: their new entries into the buffer).
+      if pool.sync(done, state.params, global_buffer):
+        raise saves.gave_up(state, reference)
+      if reference is not None and due(done, c.loss.ref_reset_every):
+        reference = _reset_reference(done, state.params, searcher_dtype, pool, global_buffer,
+                                     is_main)
 
-      # Metrics, evaluation, checkpoints.
-      done = step + 1
+      # Log.
       if done == b.freeze_step:  # the cap is saved with the buffer, so a resume keeps it
         global_buffer.freeze_size()
-      row = {k: float(v) for k, v in m.items()}
-      fl = info["from_latest"]  # the m branch's slots; some drawn with replacement?
-      row.update(step_seconds=dt, tokens_per_second=m["num_tokens"] / dt,
-                 distinct_completions=distinct,
-                 staleness_mean=float(staleness.mean()), staleness_max=int(staleness.max()),
-                 staleness_hist=np.bincount(np.minimum(staleness, 16)).tolist(),
-                 fraction_from_latest=info["num_from_latest"] / b.num_prompts,
-                 m_draws_with_replacement=float(info["with_replacement"][fl].mean())
-                 if fl.any() else 0.0,
-                 trainer_idle_fraction=clock.waiting / max(clock.waiting + clock.busy, 1e-9),
-                 sync_seconds=clock.sync, buffer_entries=len(global_buffer),
-                 buffer_prompts=global_buffer.stats()["num_prompts"],
-                 **pool.metrics())
-      if done % c.log.every == 0:
-        metrics_writer.write(done, row)
+      row = _metrics_row(m, batch, info, staleness, dt, busy, b.num_prompts, pool,
+                         global_buffer)
+      if due(done, c.log.every):
+        writer.write(done, row)
       warning = watch(done, row["fraction_from_latest"])
       if warning and is_main:
         tqdm.tqdm.write(warning)
       bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3g}",
                       stale=f"{row['staleness_mean']:.1f}")
       bar.update(1)
-      out_of_time = bool(c.max_train_seconds) and \
-          time.perf_counter() - train_start > c.max_train_seconds
-      due = (c.eval.every and done % c.eval.every == 0) or \
-          (c.eval.every_seconds and time.perf_counter() - last_eval >= c.eval.every_seconds)
-      # One collective for the flags: every process evaluates / stops at the same step.
-      signum, out_of_time, due = distributed.broadcast_max(stop.signum, out_of_time, due)
+
+      # Evaluate, save. One collective for the flags: every process evaluates / stops at
+      # the same step.
+      now = time.perf_counter()
+      out_of_time = bool(c.max_train_seconds) and now - train_start > c.max_train_seconds
+      eval_due = due(done, c.eval.every) or bool(
+          c.eval.every_seconds and now - last_eval >= c.eval.every_seconds)
+      signum, out_of_time, eval_due = distributed.broadcast_max(stop.signum, out_of_time,
+                                                                eval_due)
       last_step = done == c.num_train_steps or out_of_time
-      if due and not last_step:
-        scores = evaluate(state.params, done)
+      if eval_due and not last_step:
+        evaluate(state.params, done)
         last_eval = time.perf_counter()
-        if is_main:  # whether the run learns: the headline metrics since step 0
-          tqdm.tqdm.write(f"step {done}: {metrics.summary(headline, first_scores, scores)}")
       if signum:
         bar.close()  # the message on a line of its own
-        return preempted(done, signum, state, reference)
-      if done % c.checkpoint.every == 0 or last_step:
-        save(done, state, reference)
+        return saves.preempted(done, signum, state, reference)
+      if due(done, c.checkpoint.every) or last_step:
+        saves.save(done, state, reference)
       if out_of_time:
         last = done
         break
@@ -390,14 +244,14 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
     # The last step is saved: a signal now only says so (a second Ctrl-C stops at once, and
     # the rerun evaluates and exports).
     stop.finishing = True
-    final = evaluate(state.params, last)
+    final = evaluate(state.params, last, final=True)
     if c.export:
       _export(model_cfg.replace(dtype=c.model.dtype), state.params, tokenizer,
               os.path.join(workdir, "export"), is_main, base=base,
               base_model=None if c.model.path == "random" else build.model_path(c.model.path))
     if is_main:
       _write_json(os.path.join(workdir, FINISHED_FILE), {"step": last, **final})
-      print(f"Finished at step {last}: {metrics.summary(headline, first_scores, final)}")
+      print(f"Finished at step {last}: {evaluate.summary(final)}")
     return {"step": last, **final, **_buffer_summary(global_buffer)}
   except (SearcherError, FloatingPointError):
     raise  # raised by every process at the same step
@@ -409,8 +263,184 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   finally:
     stop.restore()
     pool.stop()
-    metrics_writer.close()
-    checkpointer.close()
+    writer.close()
+    saves.checkpointer.close()
+
+
+# ---------------------------------------------------------------------------
+# The run's parts.
+# ---------------------------------------------------------------------------
+def _trainer(c, model_cfg: ModelConfig, params, base, task: Task, trainer_mesh):
+  """(train state, update(state, batch), beta(u), lr(u)) from the config's optim and loss."""
+  o = c.optim
+  lr = build.lr_schedule(o, c.num_train_steps)  # the lr of update u (1-based, as the authors)
+  optimizer = train_step.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None, o.b1, o.b2,
+                                        moments_dtype=o.moments_dtype)
+  log_z = build.learned_log_z(c.loss, task)
+  state = train_step.init_state(
+      params, optimizer, train_step.state_shardings(model_cfg, optimizer, trainer_mesh, log_z),
+      log_z)
+  beta = build.beta_schedule(c.loss)
+  train = train_step.make_update(
+      model_cfg, optimizer, build.loss_fn(c.loss), beta, trainer_mesh,
+      temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
+      num_microbatches=o.num_microbatches, remat=c.model.remat, lr_schedule=lr,
+      ref_weight_schedule=build.ref_weight_schedule(c.loss), learned_log_z=log_z,
+      dropout=c.model.dropout, dropout_seed=c.seed)
+  # LoRA: every update also reads the frozen base (never donated, never rebound).
+  update = (lambda state, batch: train(state, batch, base)) if base else train
+  return state, update, beta, lr
+
+
+class _Checkpoints:
+  """The run's checkpoints: resume, save, and the two ways a run stops after a save.
+
+  The checkpointed tree is the train state, or with reference resets (a reference, not
+  None) (state, reference); loss.ref_reset_every is part of the config a resume must
+  match, so the structure always fits."""
+
+  def __init__(self, checkpointer: Checkpointer, config_dict: dict, pool: SearcherPool,
+               buffer: ReplayBuffer):
+    self.checkpointer, self.config_dict, self.pool, self.buffer = (checkpointer, config_dict,
+                                                                   pool, buffer)
+    self.writer: MetricsWriter | None = None  # set once the run's writer exists
+
+  def resume(self, state, reference):
+    """(start step, wall time of earlier segments, state, reference) of the newest
+    checkpoint, its buffer and searcher state loaded; (0, 0.0, ...) as given without one."""
+    tree = state if reference is None else (state, reference)
+    restored = self.checkpointer.restore(jax.tree.map(_abstract, tree), self.config_dict)
+    if restored is None:
+      return 0, 0.0, state, reference
+    step, meta = restored.step, restored.meta
+    state, reference = (restored.train_state, None) if reference is None else \
+        restored.train_state
+    self.buffer.load_state_dict(restored.buffer)
+    # The searchers' unmerged entries go back to their local buffers: the next sync merges
+    # them, as it would have without the interruption.
+    self.pool.load_snapshot(restored.unmerged, meta["searchers"])
+    self.pool.publish(step, state.params)
+    if reference is not None:
+      self.pool.set_reference(reference)
+    print(f"Resumed from step {step} ({len(self.buffer)} buffer entries, "
+          f"{len(restored.unmerged)} searcher entries not merged yet).")
+    return step, meta.get("wall_time", 0.0), state, reference  # (absent in older versions)
+
+  def save(self, step: int, state, reference) -> None:
+    # Every process takes part: orbax writes the global arrays collectively. The searchers
+    # keep sampling: the snapshot copies their committed entries and cursors.
+    unmerged, searchers = self.pool.snapshot()
+    self.checkpointer.save(
+        step, state if reference is None else (state, reference), self.buffer.state_dict(),
+        {"step": step, "searchers": searchers, "wall_time": self.writer.elapsed()},
+        self.config_dict, unmerged=unmerged)
+
+  def preempted(self, step: int, signum: int, state, reference) -> dict:
+    """SIGTERM or Ctrl-C on any process: every process saves this step and returns."""
+    self.save(step, state, reference)
+    print(interrupts.saved_message(signum, step, self.checkpointer.directory,
+                                   jax.process_count()), flush=True)
+    return {"step": step, "terminated": True, "signal": interrupts.NAMES[signum],
+            **_buffer_summary(self.buffer)}
+
+  def gave_up(self, state, reference) -> SearcherError:
+    """A searcher gave up (every process knows it): save, then the run's error."""
+    self.save(int(state.step), state, reference)
+    return self.pool.error(int(state.step))
+
+  def diverged(self, m: dict, step: int) -> FloatingPointError:
+    return FloatingPointError(
+        f"loss is {m['loss']} at step {step} (grad_norm={m['grad_norm']}); stopping "
+        f"without saving. The checkpoints in {self.checkpointer.directory} are intact.")
+
+
+def _process_stop(fault) -> faults.ProcessStop | None:
+  """The config's fault.stop_* (faults.py), when it asks this process to stop."""
+  if fault.stop_at_step and fault.stop_process == jax.process_index():
+    return faults.ProcessStop(fault.stop_at_step, fault.stop_signal)
+  return None
+
+
+def _reset_reference(done: int, params, dtype: str, pool: SearcherPool, buffer: ReplayBuffer,
+                     is_main: bool):
+  """Reference reset (loss.ref_reset_every): the trainer's params become the reference.
+
+  Entries already sampled keep the reference log-probs they were scored with; a batch
+  group can mix them with entries scored under the new reference (docs/configs.md)."""
+  reference = weight_sync.snapshot(params, dtype)
+  pool.set_reference(reference)
+  if is_main:
+    tqdm.tqdm.write(f"step {done}: reference reset; {len(buffer)} buffer entries keep "
+                    "log-probs of the previous reference")
+  return reference
+
+
+class _Evaluation:
+  """evaluate(params, step): the evaluator's scores, written with their time; the headline
+  metrics against the starting policy's on the progress output, and a warning when the
+  first (higher is better) falls well below its peak."""
+
+  def __init__(self, c, workdir, task, evaluator, pool: SearcherPool, publish, eval_index,
+               eval_mesh, writer: MetricsWriter, is_main: bool):
+    self.c, self.workdir, self.task, self.evaluator, self.pool = c, workdir, task, evaluator, pool
+    self.publish, self.eval_index, self.eval_mesh = publish, eval_index, eval_mesh
+    self.writer, self.is_main = writer, is_main
+    self.headline = [m.key for m in task.headline]
+    self.peak_watch = PeakWatch(f"held-out {self.headline[0]}") if self.headline else None
+    # Step 0's scores, maybe logged by an earlier segment of this run.
+    self.first = metrics.evaluation(writer.path, 0) if is_main else {}
+
+  def __call__(self, params, step: int, wall_time: float | None = None,
+               final: bool = False) -> dict:
+    start = time.perf_counter()
+    reference = reference_config = None
+    if self.task.evaluation is not None:  # a task's metrics may read the searchers' reference
+      reference_config, reference = self.pool.reference()  # with LoRA the base's config
+      if self.eval_index != 0:
+        reference = jax.device_put(reference, sharding.param_shardings(
+            reference_config, "searcher", self.eval_mesh))
+    scores = self.evaluator(self.publish(params, self.eval_index),
+                            jax.random.fold_in(jax.random.key(self.c.seed + 1), step),
+                            reference=reference, reference_config=reference_config)
+    self.writer.write(step, {**scores, "eval_seconds": time.perf_counter() - start},
+                      wall_time=wall_time)
+    if self.is_main and self.c.eval.save_samples:
+      _write_samples(os.path.join(self.workdir, SAMPLES_DIR, f"step_{step:06d}.jsonl"),
+                     self.evaluator.samples)
+    if self.peak_watch is not None and self.headline[0] in scores:
+      warning = self.peak_watch(step, scores[self.headline[0]],
+                                scores.get(self.headline[0] + "_se", 0.0))
+      if warning and self.is_main:
+        tqdm.tqdm.write(warning)
+    if final or not self.is_main:
+      return scores  # the run says "Finished at step N: summary" after its export
+    if step == 0:
+      self.first = scores
+      print(f"step 0: {metrics.summary(self.headline, {}, scores)}", flush=True)
+    else:  # whether the run learns: the headline metrics since step 0
+      tqdm.tqdm.write(f"step {step}: {self.summary(scores)}")
+    return scores
+
+  def summary(self, scores: dict) -> str:
+    return metrics.summary(self.headline, self.first, scores)
+
+
+def _metrics_row(m: dict, batch, info: dict, staleness: np.ndarray, dt: float, busy: float,
+                 num_prompts: int, pool: SearcherPool, buffer: ReplayBuffer) -> dict:
+  """One step's metrics.jsonl row: the update's metrics and what the trainer sampled."""
+  fl = info["from_latest"]  # the m branch's slots; some drawn with replacement?
+  waiting = pool.waiting_seconds
+  return {**{k: float(v) for k, v in m.items()},
+          "step_seconds": dt, "tokens_per_second": m["num_tokens"] / dt,
+          "distinct_completions": batch_lib.distinct_fraction(batch),
+          "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
+          "staleness_hist": np.bincount(np.minimum(staleness, 16)).tolist(),
+          "fraction_from_latest": info["num_from_latest"] / num_prompts,
+          "m_draws_with_replacement": float(info["with_replacement"][fl].mean())
+                                      if fl.any() else 0.0,
+          "trainer_idle_fraction": waiting / max(waiting + busy, 1e-9),
+          "sync_seconds": pool.sync_seconds, "buffer_entries": len(buffer),
+          "buffer_prompts": buffer.stats()["num_prompts"], **pool.metrics()}
 
 
 # ---------------------------------------------------------------------------
@@ -477,6 +507,6 @@ def _export(cfg: ModelConfig, params, tokenizer, out_dir: str, is_main: bool, ba
                            out_dir)
     tokenizer.save_pretrained(out_dir)  # tokenizer files + generation_config.json (EOS ids)
     if adapters is not None:
-      lora.save_peft(cfg, adapters, os.path.join(out_dir, ADAPTER_DIR), base_model)
+      hf_checkpoints.save_peft(cfg, adapters, os.path.join(out_dir, ADAPTER_DIR), base_model)
     print(f"Exported the policy to {out_dir} (Hugging Face format"
           f"{f'; its LoRA adapter in PEFT format in {ADAPTER_DIR}/' if adapters else ''}).")

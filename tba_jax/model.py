@@ -53,6 +53,7 @@ import numpy as np
 from flax import nnx
 
 from tba_jax import encoder as encoder_lib
+from tba_jax import losses
 from tba_jax.layers import (ACTIVATION_FNS, Dropout, Norm, apply_rope, dropped,
                             mean_pool_normalized, param, project, rope_inv_freq)
 from tba_jax.model_config import EncoderConfig, LoRAConfig, ModelConfig, RopeScaling  # noqa: F401 (re-exported)
@@ -448,6 +449,32 @@ def forward(cfg: ModelConfig, params: Params, tokens, positions, token_mask,
 
 def unembed(cfg: ModelConfig, params: Params, hidden) -> jax.Array:
   return bind(cfg, params).unembed(hidden)
+
+
+def completion_logits(model_config: ModelConfig, params: Params, tokens: jax.Array,
+                      attention_mask: jax.Array, completion_len: int, remat: bool = False,
+                      dropout: Dropout | None = None) -> jax.Array:
+  """Logits [N, Tc, V] of the completion columns: logits[:, t] predicts completion token t.
+
+  Only hidden[:, Tp-1:-1], the states that predict the completion tokens, are
+  unembedded: prompt logits ([N, Tp, V], the largest activation) never exist.
+  `dropout`: the model's (model.py), in the training forward only.
+  """
+  prompt_len = tokens.shape[1] - completion_len
+  positions = positions_from_mask(attention_mask)
+  hidden, _ = forward(model_config, params, tokens, positions, attention_mask,
+                            remat=remat, dropout=dropout)
+  return unembed(model_config, params, hidden[:, prompt_len - 1:-1])
+
+
+def completion_token_logprobs(model_config: ModelConfig, params: Params, tokens: jax.Array,
+                              attention_mask: jax.Array, completion_len: int,
+                              temperature: float, remat: bool = False,
+                              dropout: Dropout | None = None) -> jax.Array:
+  """Per-token log-probs [N, Tc] (float32, tempered) of the completion columns."""
+  logits = completion_logits(model_config, params, tokens, attention_mask, completion_len,
+                             remat, dropout)
+  return losses.token_logprobs(logits, tokens[:, tokens.shape[1] - completion_len:], temperature)
 
 
 def _hidden(cfg, params, tokens, attention_mask):

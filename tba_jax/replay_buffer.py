@@ -3,7 +3,7 @@
   buf = ReplayBuffer(max_per_prompt=100, max_entries=None, eviction="oldest", seed=0)
   buf.add(entry) / buf.add_many(entries)       # searchers or merges; thread-safe
   buf.mark_sync()                               # trainer, once per weight sync
-  batch, info = buf.sample(P, K, m, max_prompt_len=Tp, max_completion_len=Tc, pad_id=pad)
+  batch, info = buf.sample(P, K, m, layout=batch.Layout(Tp, Tc, pad))
   arrays = entries.pack(local.drain_new(), max_prompt_len=Tp, max_completion_len=Tc)
   global_buf.add_many(entries.unpack(arrays))   # same entries, same order -> same buffer
   global_buf.load_state_dict(old.state_dict())  # exact, including the RNG
@@ -332,8 +332,8 @@ class ReplayBuffer:
 
   # --- Sampling: the m rule ---------------------------------------------------------------
   def sample(self, num_prompts: int, samples_per_prompt: int, m: float,
-             rng: np.random.Generator | None = None, *, max_prompt_len: int,
-             max_completion_len: int, pad_id: int, include_eos: bool = True,
+             rng: np.random.Generator | None = None, *, layout: batch_lib.Layout,
+             include_eos: bool = True,
              reward_tau: float = 1.0, reward_weight: float = 0.0,
              reuse_latest: bool = True) -> tuple[TrainBatch, dict]:
     """A [P x K] TrainBatch (P = num_prompts slots, K = samples_per_prompt) and info.
@@ -369,7 +369,7 @@ class ReplayBuffer:
       try:
         slots, fallback = self._select(num_prompts, k, m, rng, latest_left, reward_tau,
                                        reward_weight, reuse_latest)
-        check_fits((e for s in slots for _, e in s[3]), max_prompt_len, max_completion_len)
+        check_fits((e for s in slots for _, e in s[3]), layout.prompt_len, layout.completion_len)
       except BaseException:
         rng.bit_generator.state = rng_state
         raise
@@ -378,8 +378,8 @@ class ReplayBuffer:
     # Entries are immutable, so the arrays are built outside the lock.
     rows = [item for s in slots for item in s[3]]
     # One group per slot (batch.py): a prompt drawn into two slots is two groups of K.
-    batch = batch_lib.from_entries([e for _, e in rows], max_prompt_len, max_completion_len,
-                                   pad_id, include_eos, np.repeat(np.arange(num_prompts), k))
+    batch = batch_lib.from_entries([e for _, e in rows], layout, include_eos,
+                                   np.repeat(np.arange(num_prompts), k))
     from_latest = np.array([s[1] for s in slots], bool)
     info.update(prompt_ids=np.array([s[0] for s in slots], np.int64), from_latest=from_latest,
                 with_replacement=np.array([s[2] for s in slots], bool),

@@ -11,6 +11,8 @@ Two layers:
          every row has emitted an EOS id.
   shell  `Sampler` (buckets, mesh placement, one compiled prefill + decode per
          (batch bucket, prompt bucket)) and `generate`, a one-call wrapper.
+Continuous batching (tba_jax/continuous.py) builds on this module: a caller that
+wants it builds a `continuous.Stream` over a Sampler itself.
 
 Randomness is drawn per row from fold_in(fold_in(key, row id), step), so a row's
 tokens depend on (seed, its index in `prompts`, step) only: not on the batch
@@ -33,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tba_jax import batch as batch_lib
 from tba_jax import model as model_lib
 from tba_jax import sharding
 from tba_jax.model import ModelConfig, Params
@@ -45,10 +48,6 @@ LogitsFn = Callable[..., tuple[jax.Array, Any]]
 DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768,
                           896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 6144, 8192)
 DEFAULT_BATCH_BUCKETS = tuple(2 ** i for i in range(0, 11))  # 1 .. 1024 rows
-# Continuous batching (num_slots): at most this many decode steps between host
-# refills, and attention windows in multiples of this many cache slots.
-DEFAULT_CHUNK_STEPS = 32
-DEFAULT_WINDOW_STEP = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,13 +353,6 @@ def _decode_program(params, state, *, model_config, options):
   return decode(model_logits_fn(model_config), params, state, options)
 
 
-def _bucket(n: int, buckets: Sequence[int], what: str) -> int:
-  for b in buckets:
-    if b >= n:
-      return b
-  raise ValueError(f"{what} {n} exceeds the largest bucket {max(buckets)}; add a larger bucket")
-
-
 class Sampler:
   """Batched generation for a searcher: compiles once per (batch, prompt) bucket.
 
@@ -371,13 +363,6 @@ class Sampler:
   the first device. Params go to `sharding.param_shardings(cfg, "searcher",
   mesh)` (no copy when they already live there), the batch over "data", the
   KV cache per `sharding.cache_sharding`.
-
-  `num_slots` (None: static batches) turns on continuous batching
-  (tba_jax.continuous): a call then keeps at most `num_slots` rows in flight,
-  refilling a row's slot with the next prompt as soon as it ends, and returns
-  the same Rollouts. Decode runs in compiled chunks of up to `chunk_steps`
-  steps between refills, attending over the filled part of the cache in
-  windows of multiples of `window_step` slots.
   """
 
   def __init__(self, model_config: ModelConfig, *, max_new_tokens: int, temperature: float = 1.0,
@@ -385,8 +370,7 @@ class Sampler:
                eos_ids: Sequence[int] | int | None = None, pad_id: int = 0, mesh=None,
                min_new_tokens: int = 0, end_with_eos: bool = False,
                prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
-               batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, num_slots: int | None = None,
-               chunk_steps: int = DEFAULT_CHUNK_STEPS, window_step: int = DEFAULT_WINDOW_STEP):
+               batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS):
     if eos_ids is None:
       eos_ids = ()
     elif isinstance(eos_ids, (int, np.integer)):
@@ -401,22 +385,6 @@ class Sampler:
     self.prompt_buckets = tuple(sorted(prompt_buckets))
     self.batch_buckets = tuple(sorted({-(-b // data) * data for b in batch_buckets}))
     self.param_shardings = sharding.param_shardings(model_config, "searcher", self.mesh)
-    if num_slots is not None and (num_slots < 1 or num_slots % data):
-      raise ValueError(f"num_slots={num_slots} must be a positive multiple of the mesh's "
-                       f"data axis ({data})")
-    if chunk_steps < 1 or window_step < 1:
-      raise ValueError(f"chunk_steps={chunk_steps} and window_step={window_step} must be >= 1")
-    self.num_slots, self.chunk_steps, self.window_step = num_slots, chunk_steps, window_step
-
-  def stream(self, params: Params, rng_key, *, max_prompt_len: int, version=None):
-    """A `continuous.Stream` of `num_slots` rows for prompts of up to
-    `max_prompt_len` tokens: feed it prompts, step it, swap params between steps."""
-    if not self.num_slots:
-      raise ValueError("a stream needs num_slots (set it on the Sampler)")
-    from tba_jax import continuous  # continuous builds on this module
-    return continuous.Stream(self, params, rng_key, num_slots=self.num_slots,
-                             max_prompt_len=max_prompt_len, chunk_steps=self.chunk_steps,
-                             window_step=self.window_step, version=version)
 
   def __call__(self, params: Params, prompts: Sequence[Sequence[int]], rng_key,
                temperature: float | None = None) -> Rollouts:
@@ -431,18 +399,11 @@ class Sampler:
       raise ValueError("no prompts")
     if any(len(p) == 0 for p in prompts):
       raise ValueError("every prompt needs at least one token")
-    if self.num_slots:
-      from tba_jax import continuous  # continuous builds on this module
-      return continuous.generate(self, params, prompts, rng_key, temperature)
     n = len(prompts)
-    b = _bucket(n, self.batch_buckets, "batch size")
-    t = _bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt length")
-    # Host-side left padding into the bucket shape; padding rows are one pad token.
-    tokens = np.full((b, t), self.options.pad_id, np.int32)
-    mask = np.zeros((b, t), np.int32)
-    for i, p in enumerate(prompts):
-      tokens[i, t - len(p):] = p
-      mask[i, t - len(p):] = 1
+    b = batch_lib.bucket(n, self.batch_buckets, "batch size")
+    t = batch_lib.bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt length")
+    # Host-side left padding into the bucket shape; padding rows are pad tokens, masked.
+    tokens, mask = batch_lib.left_pad(prompts, t, self.options.pad_id, num_rows=b)
     row_valid = np.arange(b) < n
     if not jax.dtypes.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key):
       rng_key = jax.random.wrap_key_data(rng_key)
@@ -465,17 +426,15 @@ class Sampler:
 def generate(model_config: ModelConfig, params: Params, prompts: Sequence[Sequence[int]], *,
              max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              greedy: bool = False, eos_ids: Sequence[int] | int | None = None, pad_id: int = 0,
-             seed: int = 0, mesh=None, min_new_tokens: int = 0, end_with_eos: bool = False,
-             num_slots: int | None = None) -> Rollouts:
+             seed: int = 0, mesh=None, min_new_tokens: int = 0,
+             end_with_eos: bool = False) -> Rollouts:
   """Completions of `prompts` (lists of token ids, different lengths allowed).
 
-  See `Rollouts` for the outputs and `Sampler` for buckets, placement and
-  `num_slots` (continuous batching: the same outputs with at most that many
-  rows in flight). eos_ids=None never stops early. Compiled programs are cached
-  across calls.
+  See `Rollouts` for the outputs and `Sampler` for buckets and placement
+  (continuous.generate: the same outputs with at most N rows in flight).
+  eos_ids=None never stops early. Compiled programs are cached across calls.
   """
   sampler = Sampler(model_config, max_new_tokens=max_new_tokens, temperature=temperature,
                     top_k=top_k, top_p=top_p, greedy=greedy, eos_ids=eos_ids, pad_id=pad_id,
-                    mesh=mesh, min_new_tokens=min_new_tokens, end_with_eos=end_with_eos,
-                    num_slots=num_slots)
+                    mesh=mesh, min_new_tokens=min_new_tokens, end_with_eos=end_with_eos)
   return sampler(params, prompts, jax.random.key(seed))

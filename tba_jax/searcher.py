@@ -1,43 +1,48 @@
 """A searcher: its prompt shard, the lagging policy, the frozen reference, rewards.
 
-One `search_once` call: take the newest published weights from the mailbox,
-draw the next prompts of this searcher's shard, pick the batch's sampling
-temperature (`Exploration`), sample S completions of each,
-score the batch with the task's reward stage, compute the reference model's
-per-token log-probs of each completion, and add the stamped entries (policy
-version, searcher id) to the searcher's local replay buffer. The searchers of a
-process are driven together by `searcher_pool.SearcherPool` (threads, restarts).
-`streaming.StreamingSearcher` is the same searcher over continuous batching
-(sampler.num_slots > 0): it commits prompt groups as they end.
+  searcher = Searcher(id, rows=StaticRows(sampler), ...)   # or streaming.StreamingRows
+  searcher.search_once()   # at least num_prompts more prompt groups scored and committed
 
-What the pool needs for lossless checkpoints and restarts: the prompts of a batch
-are "in flight" from the moment they are taken until its entries are committed
-to the local buffer (entries, cursor and counters change together, under a lock
-held only for that copy). `snapshot()` returns the undrained entries with a
-state whose cursor puts the prompts in flight back at the front of the stream,
-so a resume samples them again instead of skipping them; `restart()` after a
-failed batch does the same in place. A searcher that keeps several batches (or
-slots) in flight provides the same: its unfinished work is dropped and its
-prompts re-queued.
+A searcher has two halves. Its `rows`, a `RowSource` (the protocol below), samples:
+it takes prompts from the searcher, decodes their S samples each with the mailbox's
+newest weights, and hands back the prompt groups whose S rows have all ended (a
+`Group` of `Sample` records). Two sources exist: `StaticRows` (P prompts x S at a
+time through the static sampler, waiting for the longest row) and
+`streaming.StreamingRows` (a continuous-batching pool, tba_jax/continuous.py).
+The searcher owns everything else: the prompt stream, the commit lock and the
+in-flight prompts, the exploration temperature of each choice (`Exploration`),
+and `score(groups) -> [Entry]`: one reward-stage batch and one reference forward
+for the groups, stamped with the versions each row was sampled under. Committed
+entries wait in `buffer` until the pool drains them into the global buffer. The
+searchers of a process are driven together by `searcher_pool.SearcherPool`
+(threads, restarts; its `PoolSearcher` protocol is what it relies on).
+
+What the pool needs for lossless checkpoints and restarts: a prompt is "in
+flight" from the moment it is taken until its group's entries are committed to
+the local buffer (entries, in-flight list, cursors and counters change together,
+under a lock held only for that copy). `snapshot()` returns the undrained entries
+with a state whose cursor puts the prompts in flight back at the front of the
+stream, so a resume samples them again instead of skipping them; `restart()`
+after a failed search does the same in place, and the row source drops its
+unfinished work.
 """
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import jax
 import numpy as np
 
 from tba_jax import batch as batch_lib
-from tba_jax import sharding, train_step
-from tba_jax.entries import Entry
+from tba_jax import model as model_lib
+from tba_jax import sharding
+from tba_jax.entries import Entry, normalized
 from tba_jax.model import ModelConfig, Params
-from tba_jax.replay_buffer import ReplayBuffer
-from tba_jax.rewards import RewardBatch, RewardFn
 from tba_jax.sampler import Sampler
-from tba_jax.tasks import Problem
+from tba_jax.tasks import Problem, RewardBatch, RewardFn
 from tba_jax.weight_sync import Mailbox
 
 
@@ -78,9 +83,9 @@ class PromptStream:
     self.requeued = [int(i) for i in state.get("requeued", [])]  # absent in older checkpoints
 
 
-# Teacher-forced per-token log-probs of the completion columns (the trainer's
-# own function, so reference and policy log-probs are computed identically).
-_completion_logprobs = jax.jit(train_step.completion_token_logprobs,
+# Teacher-forced per-token log-probs of the completion columns (the function the trainer's
+# update uses, so reference and policy log-probs are computed identically).
+_completion_logprobs = jax.jit(model_lib.completion_token_logprobs,
                                static_argnames=("model_config", "completion_len", "temperature",
                                                 "remat"))
 
@@ -116,99 +121,248 @@ class SearchStats:
   mismatch: float = float("nan")  # the latest sampler-vs-trainer check (_check_mismatch)
 
 
+# ---------------------------------------------------------------------------
+# What a row source hands back, and what it may ask of its searcher.
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Sample:
+  """One ended row: a completion and the versions it was decoded under."""
+  tokens: np.ndarray              # [n] int32, the EOS included when it ended on one
+  behaviour_logprobs: np.ndarray  # [n] float32: the sampler's tempered per-token log-probs
+  first_version: int              # the version its prompt was prefilled under (staleness)
+  last_version: int               # the version of its last decode step
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """A prompt's S samples, all ended, in sample order (one temperature for the group)."""
+  prompt_id: int
+  temperature: float
+  samples: tuple[Sample, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampled:
+  """A row source's output: the groups that ended, and the (version, params) it sampled
+  with at the end (rows wholly of that version are what the mismatch check recomputes)."""
+  groups: list[Group]
+  policy: tuple[int, Params]
+
+
+class Feed(Protocol):
+  """What a row source may use of its searcher. `take` and any change of the source's
+  cursor happen with `lock` held, so a snapshot sees a prompt taken and its cursor
+  together; everything else runs in the searcher's thread, unlocked."""
+  lock: threading.Lock
+  key: jax.Array            # the searcher's key: its sources' random streams fold into it
+  mailbox: Mailbox          # the newest published weights
+  prompt_tokens: dict[int, list[int]]
+  num_prompts: int          # P: groups per reward batch (a static batch's prompts)
+  num_samples: int          # S: rows per prompt
+  max_prompt_len: int
+
+  def take(self, n: int) -> list[int]:
+    """The next n prompt ids of the stream, in flight until committed (lock held)."""
+
+  def temperature(self, index: int) -> float:
+    """The sampling temperature of choice `index` (Exploration; a pure function of it)."""
+
+
+class RowSource(Protocol):
+  """How a searcher's completions are sampled (module doc): `StaticRows`, or
+  streaming.StreamingRows. Its cursor (where its random choices continue) is saved and
+  restored with the searcher's state."""
+  sampler: Sampler  # the model, its devices and the decoding settings (the searcher scores
+                    # on the same mesh, at the same temperature and with the same EOS ids)
+
+  def sample(self, feed: Feed) -> Sampled:
+    """Takes prompts from `feed` as it needs them and decodes until it has something to
+    hand back: StaticRows one batch of feed.num_prompts groups, StreamingRows one decode
+    chunk (maybe no group ended in it)."""
+
+  def committed(self, groups: Sequence[Group]) -> None:
+    """The searcher committed `groups` (called with feed.lock held)."""
+
+  def drop(self) -> None:
+    """Forgets the unfinished work (a restart or a loaded snapshot; the searcher re-queues
+    its prompts)."""
+
+  def cursor(self) -> dict:
+    """Where this source's random choices continue (JSON-able; saved by snapshots)."""
+
+  def load_cursor(self, state: dict) -> None:
+    """Continues from a `cursor()` (and drops any unfinished work)."""
+
+
+class StaticRows:
+  """A RowSource of static batches: num_prompts prompts x S rows through the sampler,
+  one batch per `sample`, waiting for its longest row.
+
+  Batch b (the cursor: batches committed) samples with fold_in(feed.key, b) at the
+  temperature of choice b; a batch retried after a restart is the batch it replaces
+  (same key, same temperature), with the newest weights the mailbox holds."""
+
+  def __init__(self, sampler: Sampler):
+    self.sampler = sampler
+    self.num_batches = 0
+
+  def sample(self, feed: Feed) -> Sampled:
+    version, params = feed.mailbox.get()  # newest weights; the old ones stay valid
+    with feed.lock:
+      ids, b = feed.take(feed.num_prompts), self.num_batches
+    temperature = feed.temperature(b)
+    # [P] prompts -> [P * S] rows, prompt-major: row r is prompt ids[r // S].
+    s = feed.num_samples
+    rows = [i for i in ids for _ in range(s)]
+    out = self.sampler(params, [feed.prompt_tokens[i] for i in rows],
+                       jax.random.fold_in(feed.key, b), temperature=temperature)
+    row = lambda r: Sample(out.tokens[r, :out.lengths[r]], out.tempered_logprobs[r, :out.lengths[r]],
+                           version, version)
+    groups = [Group(i, temperature, tuple(row(k * s + j) for j in range(s)))
+              for k, i in enumerate(ids)]
+    return Sampled(groups, (version, params))
+
+  def committed(self, groups: Sequence[Group]) -> None:
+    self.num_batches += 1  # one batch per sample, committed whole
+
+  def drop(self) -> None:
+    pass  # nothing outlives a batch
+
+  def cursor(self) -> dict:
+    return {"num_batches": self.num_batches}
+
+  def load_cursor(self, state: dict) -> None:
+    self.num_batches = int(state["num_batches"])
+
+
+class Staged:
+  """A searcher's committed entries until the pool drains them: validated where they are
+  made (entries.normalized: frozen arrays, float32 rewards, as every host will hold them),
+  then a plain list under a lock."""
+
+  def __init__(self):
+    self._entries: list[Entry] = []
+    self._lock = threading.Lock()
+
+  def add_many(self, entries: Sequence[Entry]) -> None:
+    entries = [normalized(e) for e in entries]
+    with self._lock:
+      self._entries.extend(entries)
+
+  def drain_new(self) -> list[Entry]:
+    """Every entry added since the previous drain, oldest first."""
+    with self._lock:
+      out, self._entries = self._entries, []
+      return out
+
+  def peek_new(self) -> list[Entry]:
+    """What `drain_new` would return, without draining (a checkpoint of the searcher)."""
+    with self._lock:
+      return list(self._entries)
+
+
+# ---------------------------------------------------------------------------
+# The searcher.
+# ---------------------------------------------------------------------------
 class Searcher:
   """Generates, scores and stores completions for one shard of the prompts.
 
-  The sampler holds the model, its devices, the temperature and the special
-  ids; `reward` is the task's reward stage built on the same devices. The
-  reference is `ref_params` of `ref_model_config` (None: the sampler's model;
-  a LoRA policy's reference is its base model, adapters off).
+  `rows` samples (its sampler holds the model, its devices, the temperature and the
+  special ids); `reward` is the task's reward stage built on the same devices. The
+  reference is `ref_params` of `ref_model_config` (None: the sampler's model; a LoRA
+  policy's reference is its base model, adapters off).
   """
 
-  def __init__(self, searcher_id: int, *, sampler: Sampler, ref_params: Params,
+  def __init__(self, searcher_id: int, *, rows: RowSource, ref_params: Params,
                mailbox: Mailbox, stream: PromptStream, prompt_tokens: dict[int, list[int]],
                problems: dict[int, Problem], decode: Callable[[Sequence[int]], str],
                reward: RewardFn, num_prompts: int, num_samples: int, max_prompt_len: int,
                seed: int, ref_model_config: ModelConfig | None = None,
                explore: Exploration = Exploration(), mismatch_every: int = 0):
-    self.id, self.sampler, self.explore, self.seed = searcher_id, sampler, explore, seed
-    self.mismatch_every = mismatch_every  # batches between sampler-vs-trainer checks (0: off)
+    self.id, self.rows, self.explore, self.seed = searcher_id, rows, explore, seed
+    self.mismatch_every = mismatch_every  # searches between sampler-vs-trainer checks (0: off)
     self.ref_params = ref_params  # frozen reference, on this searcher's devices
-    self.ref_model_config = ref_model_config or sampler.model_config
+    self.ref_model_config = ref_model_config or rows.sampler.model_config
     self.mailbox, self.stream = mailbox, stream
     self.prompt_tokens, self.problems = prompt_tokens, problems
     self.decode, self.reward = decode, reward
     self.num_prompts, self.num_samples, self.max_prompt_len = num_prompts, num_samples, max_prompt_len
     self.key = jax.random.fold_in(jax.random.key(seed), searcher_id)
-    # Local staging, drained into the global buffer (which de-duplicates if configured).
-    self.buffer = ReplayBuffer(max_per_prompt=10**9, dedup=False)
-    self.num_batches = 0  # committed batches; batch b samples with fold_in(key, b)
+    self.buffer = Staged()  # committed entries, drained into the global buffer
     self.stats = SearchStats()
-    # Held while prompts are taken and while a batch's entries, cursor and counters are
-    # committed (a copy), never for a whole batch: a snapshot waits for no sampling.
-    self._commit = threading.Lock()
-    self._in_flight: list[int] = []  # prompts taken whose entries are not committed yet
+    # Held while prompts are taken and while entries, the in-flight list, cursors and
+    # counters are committed (a copy), never for a whole batch: a snapshot waits for no
+    # sampling.
+    self.lock = threading.Lock()
+    self._in_flight: list[int] = []  # prompts taken whose entries are not committed, in order
+
+  # --- What a row source uses (Feed) ---------------------------------------------------------
+  def take(self, n: int) -> list[int]:
+    ids = self.stream.take(n)
+    self._in_flight.extend(ids)
+    return ids
+
+  def temperature(self, index: int) -> float:
+    # From (seed, searcher, index): a resumed or restarted searcher repeats the choice.
+    rng = np.random.default_rng([self.seed, self.id, index])
+    return self.explore.temperature(rng, self.rows.sampler.options.temperature)
 
   def set_reference(self, params: Params) -> None:
-    """Reference reset (TBA-prime): batches scored from now on use `params`."""
-    self.ref_params = params  # read once per batch (_reference_logprobs)
+    """Reference reset (TBA-prime): groups scored from now on use `params`."""
+    self.ref_params = params  # read once per reward batch (score)
 
+  # --- Searching -----------------------------------------------------------------------------
   def search_once(self) -> int:
-    """One batch of prompts x S samples into the local buffer; returns #samples."""
-    start = time.perf_counter()
-    version, params = self.mailbox.get()  # newest weights; the old ones stay valid
-    with self._commit:
-      ids = self._in_flight = self.stream.take(self.num_prompts)
-      # A retried batch (after a restart) samples with the key and temperature of the
-      # batch it replaces: both come from (seed, searcher, batch index), so a resumed
-      # searcher repeats the choices too.
-      key = jax.random.fold_in(self.key, self.num_batches)
-      rng = np.random.default_rng([self.seed, self.id, self.num_batches])
-    temperature = self.explore.temperature(rng, self.sampler.options.temperature)
-    # [P] prompts -> [P * S] rows, prompt-major: row r is prompt ids[r // S].
-    rows = [i for i in ids for _ in range(self.num_samples)]
-    out = self.sampler(params, [self.prompt_tokens[i] for i in rows], key,
-                       temperature=temperature)
-    entries = self._score(rows, [out.tokens[r, :out.lengths[r]] for r in range(len(rows))],
-                          [out.tempered_logprobs[r, :out.lengths[r]] for r in range(len(rows))],
-                          [temperature] * len(rows), [(version, version)] * len(rows),
-                          policy=(version, params))
-    with self._commit:  # a snapshot sees the whole batch, or its prompts in flight
-      self._record(entries)
-      self._in_flight = []
-      self.num_batches += 1
+    """Samples until at least `num_prompts` more groups were committed (a static batch's
+    worth: the pool's rounds, stop checks and restarts keep that granularity); returns how
+    many samples were committed."""
+    start, committed = time.perf_counter(), 0
+    while committed < self.num_prompts * self.num_samples:
+      sampled = self.rows.sample(self)
+      # Groups in taking order, at most num_prompts per reward batch.
+      for at in range(0, len(sampled.groups), self.num_prompts):
+        piece = sampled.groups[at:at + self.num_prompts]
+        entries = self.score(piece, sampled.policy)
+        with self.lock:  # a snapshot sees a group's entries, or its prompt in flight
+          self._record(entries)
+          for group in piece:
+            self._in_flight.remove(group.prompt_id)
+          self.rows.committed(piece)
+      committed += len(sampled.groups) * self.num_samples
+    with self.lock:
       self.stats.num_batches += 1
       self.stats.busy_seconds += time.perf_counter() - start
-    return len(rows)
+    return committed
 
-  def _score(self, rows: list[int], completions: list[np.ndarray], behaviour: list[np.ndarray],
-             temperatures: list[float], versions: list[tuple[int, int]],
-             policy: tuple[int, Params] | None = None) -> list[Entry]:
-    """Entries of completions[r] of prompt rows[r]: the reward stage scores them all in one
-    batch, and the reference log-probs come from one forward pass. `behaviour` holds the
-    tempered per-token log-probs the sampler recorded; versions[r] = (oldest, newest).
-    `policy` = (version, params) the rows of that version were sampled with: every
-    `mismatch_every`-th batch their log-probs are recomputed as the trainer would (module
-    doc: the sampler's numbers against the trainer's function, same weights)."""
-    prompts = [self.prompt_tokens[i] for i in rows]
-    eos = set(self.sampler.options.eos_ids)
+  def score(self, groups: Sequence[Group], policy: tuple[int, Params] | None = None
+            ) -> list[Entry]:
+    """The entries of `groups`' samples, prompt-major: the reward stage scores them all in
+    one batch, and the reference log-probs come from one forward pass. `policy` =
+    (version, params) the rows of that version were sampled with: every
+    `mismatch_every`-th search their log-probs are recomputed as the trainer would
+    (`_check_mismatch`: the sampler's numbers against the trainer's function, same
+    weights)."""
+    rows = [(group, sample) for group in groups for sample in group.samples]
+    prompts = [self.prompt_tokens[group.prompt_id] for group, _ in rows]
+    completions = [sample.tokens for _, sample in rows]
+    eos = set(self.rows.sampler.options.eos_ids)
     ended = np.array([c.size > 0 and int(c[-1]) in eos for c in completions])
     rewards = np.asarray(self.reward(RewardBatch(
-        problems=[self.problems[i] for i in rows], prompts=prompts, completions=completions,
-        ended_with_eos=ended, texts=[self.decode(c) for c in completions])), np.float32)
+        problems=[self.problems[group.prompt_id] for group, _ in rows], prompts=prompts,
+        completions=completions, ended_with_eos=ended,
+        texts=[self.decode(c) for c in completions])), np.float32)
     if rewards.shape != (len(rows),):
       raise ValueError(f"the reward stage returned shape {rewards.shape} for {len(rows)} "
                        "completions; expected one reward per completion")
     ref = self._teacher_forced(self.ref_model_config, self.ref_params, prompts, completions)
-    if policy is not None and self.mismatch_every and \
-        self.stats.num_batches % self.mismatch_every == 0:
-      self._check_mismatch(policy, prompts, completions, behaviour, temperatures, versions)
-    return [Entry(prompt_id=i, prompt=prompts[r], completion=completions[r],
-                  reward=float(rewards[r]), ref_logprobs=ref[r, :completions[r].size],
-                  behaviour_logprobs=behaviour[r], version=versions[r][0], searcher_id=self.id,
-                  ended_with_eos=bool(ended[r]), temperature=temperatures[r],
-                  last_version=versions[r][1])
-            for r, i in enumerate(rows)]
+    if policy is not None and self.mismatch_every and         self.stats.num_batches % self.mismatch_every == 0:
+      self._check_mismatch(policy, rows, prompts)
+    return [Entry(prompt_id=group.prompt_id, prompt=prompts[r], completion=sample.tokens,
+                  reward=float(rewards[r]), ref_logprobs=ref[r, :sample.tokens.size],
+                  behaviour_logprobs=sample.behaviour_logprobs, version=sample.first_version,
+                  searcher_id=self.id, ended_with_eos=bool(ended[r]),
+                  temperature=group.temperature, last_version=sample.last_version)
+            for r, (group, sample) in enumerate(rows)]
 
   def _record(self, entries: list[Entry]) -> None:
     """Scored entries into the local buffer and the counters (the caller holds the lock)."""
@@ -217,51 +371,56 @@ class Searcher:
     self.stats.reward_sum += float(sum(e.reward for e in entries))
     self.stats.tokens += sum(e.length for e in entries)
 
-  def _check_mismatch(self, policy, prompts, completions, behaviour, temperatures, versions):
+  def _check_mismatch(self, policy, rows, prompts) -> None:
     """stats.mismatch: mean over the rows sampled wholly under `policy`'s version (at the
     sampler's own temperature) of |log pi(y)| recomputed by the trainer's function minus the
     sampler's, in nats per sequence; ~1e-5 in float32, more in bfloat16 (numerics only)."""
     version, params = policy
-    rows = [r for r, v in enumerate(versions) if v == (version, version) and
-            temperatures[r] == self.sampler.options.temperature]
-    if not rows:
+    sampler = self.rows.sampler
+    picked = [r for r, (group, sample) in enumerate(rows)
+              if (sample.first_version, sample.last_version) == (version, version) and
+              group.temperature == sampler.options.temperature]
+    if not picked:
       return
-    lp = self._teacher_forced(self.sampler.model_config, params, [prompts[r] for r in rows],
-                              [completions[r] for r in rows])
-    gaps = [abs(float(np.sum(lp[i, :completions[r].size], dtype=np.float64) -
-                      np.sum(behaviour[r], dtype=np.float64))) for i, r in enumerate(rows)]
+    samples = [rows[r][1] for r in picked]
+    lp = self._teacher_forced(sampler.model_config, params, [prompts[r] for r in picked],
+                              [s.tokens for s in samples])
+    gaps = [abs(float(np.sum(lp[i, :s.tokens.size], dtype=np.float64) -
+                      np.sum(s.behaviour_logprobs, dtype=np.float64)))
+            for i, s in enumerate(samples)]
     self.stats.mismatch = float(np.mean(gaps))
 
   def _teacher_forced(self, model_config: ModelConfig, params: Params, prompts: list[list[int]],
                       completions: list[np.ndarray]) -> np.ndarray:
     """[N, Tc] per-token log-probs of the completions under `params` (the trainer's
     function, at the sampler's temperature), 0 past each one's end."""
-    n, tp, tc = len(prompts), self.max_prompt_len, self.sampler.options.max_new_tokens
+    sampler = self.rows.sampler
+    n = len(prompts)
+    layout = batch_lib.Layout(self.max_prompt_len, sampler.options.max_new_tokens,
+                              sampler.options.pad_id)
     # Pad the batch to the sampler's batch bucket so this compiles once per bucket.
-    b = next(b for b in self.sampler.batch_buckets if b >= n)
+    b = batch_lib.bucket(n, sampler.batch_buckets, "batch size")
     tokens, mask = batch_lib.token_rows(prompts + [[]] * (b - n), completions + [[]] * (b - n),
-                                        tp, tc, self.sampler.options.pad_id)
-    place = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.sampler.mesh, 2))
+                                        layout)
+    place = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", sampler.mesh, 2))
     lp = _completion_logprobs(model_config, params, place(tokens), place(mask),
-                              completion_len=tc,
-                              temperature=self.sampler.options.temperature)
-    return np.where(mask[:n, tp:] > 0, np.asarray(lp)[:n], 0.0)
+                              completion_len=layout.completion_len,
+                              temperature=sampler.options.temperature)
+    return np.where(mask[:n, layout.prompt_len:] > 0, np.asarray(lp)[:n], 0.0)
 
   # --- Restarts and checkpoints (SearcherPool) -----------------------------------------------
   def in_flight(self) -> list[int]:
     """Prompt ids taken whose entries are not committed yet."""
-    with self._commit:
+    with self.lock:
       return list(self._in_flight)
 
   def restart(self) -> None:
-    """After a failed `search_once`: its prompts go back to the front of the stream.
-
-    The retried batch samples with the same key, and with the newest weights the
-    mailbox holds (read at the start of every batch).
-    """
-    with self._commit:
+    """After a failed `search_once`: its prompts go back to the front of the stream and
+    the row source drops its unfinished work (the retry reads the newest weights)."""
+    with self.lock:
       self.stream.requeue(self._in_flight)
       self._in_flight = []
+      self.rows.drop()
 
   def snapshot(self) -> tuple[list[Entry], dict]:
     """(entries not yet drained, the state that goes with them), taken together.
@@ -271,22 +430,18 @@ class Searcher:
     The counters continue across a resume; busy time is per process (a fraction
     of its wall-clock), so it starts again.
     """
-    with self._commit:
+    with self.lock:
       stream = self.stream.state_dict()
       stream["requeued"] = self._in_flight + stream["requeued"]
       stats = {k: v for k, v in dataclasses.asdict(self.stats).items()
                if k not in ("busy_seconds", "mismatch")}
-      return self.buffer.peek_new(), {"stream": stream, "stats": stats, **self._cursor()}
-
-  def _cursor(self) -> dict:
-    """Where this searcher's random choices continue (saved by `snapshot`)."""
-    return {"num_batches": self.num_batches}
+      return self.buffer.peek_new(), {"stream": stream, "stats": stats, **self.rows.cursor()}
 
   def load_snapshot(self, entries: Sequence[Entry], state: dict) -> None:
     """A `snapshot`: its entries reach the global buffer at the next merge."""
-    with self._commit:
+    with self.lock:
       self.stream.load_state_dict(state["stream"])
-      self.num_batches = int(state["num_batches"])
+      self.rows.load_cursor(state)
       self.stats = SearchStats(**state.get("stats", {}))  # absent in older checkpoints
       self._in_flight = []
       self.buffer.add_many(entries)

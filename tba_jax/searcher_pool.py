@@ -1,7 +1,13 @@
 """This process's searchers, as the trainer's loop drives them.
 
-  pool = SearcherPool(searchers, publish=..., max_prompt_len=Tp, max_completion_len=Tc,
-                      max_restarts=R)
+  pool = SearcherPool(searchers, publish=..., layout=batch.Layout(Tp, Tc, pad),
+                      max_restarts=R, schedule=schedule.Schedule(mode, k, ...))
+  # The trainer's loop, the same in both modes (schedule.py says what each does):
+  pool.begin()                      # before the pre-fill of a run that trains
+  pool.prefill(global_buffer)       # one pre-fill round, merged; True: a searcher gave up
+  pool.before_step(step, buffer)    # at each step (alternate: a window's round)
+  pool.sync(done, params, buffer)   # after each update (every k: weights, async: merge)
+  # The pieces they are made of:
   pool.start()                      # async mode: one thread per searcher
   pool.search_round(num_prompts)    # alternate mode: the searchers run in the caller's thread
   pool.publish(version, params)     # new weights; a searcher takes them at its next batch
@@ -21,6 +27,9 @@ deterministic, and retrying it would loop.
 Every method that talks to other hosts (`merge`, `failed`, `error`, `snapshot`)
 is a collective: all processes call it at the same step, in the same order. The
 searcher threads themselves only use their host's devices.
+
+What the pool relies on of a searcher is `PoolSearcher` below (searcher.Searcher
+is one; the tests drive the pool with a fake that is another).
 """
 from __future__ import annotations
 
@@ -29,15 +38,52 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import jax
 
 from tba_jax import distributed
+from tba_jax.schedule import Schedule, due
+from tba_jax.batch import Layout
 from tba_jax.entries import Entry
-from tba_jax.model import Params
+from tba_jax.model import ModelConfig, Params
 from tba_jax.replay_buffer import ReplayBuffer
-from tba_jax.searcher import Searcher
+from tba_jax.searcher import SearchStats
+from tba_jax.weight_sync import Mailbox
+
+
+class Staging(Protocol):
+  """A searcher's committed entries until a merge (searcher.Staged)."""
+  def add_many(self, entries: Sequence[Entry]) -> None: ...
+  def drain_new(self) -> list[Entry]: ...
+  def peek_new(self) -> list[Entry]: ...
+
+
+class PoolSearcher(Protocol):
+  """The contract between the pool and each of its searchers.
+
+  `search_once` commits at least `num_prompts` prompts' entries to `buffer` and may
+  raise; a prompt is in flight (`in_flight`) from when it is taken until its entries
+  are committed. `restart` after a raise puts the prompts in flight back at the front
+  of the stream; `snapshot` returns, without waiting for a search, the undrained
+  entries and a JSON-able state whose stream cursor does the same, and
+  `load_snapshot(entries, state)` takes both back. `mailbox` holds the newest weights
+  (read at the start of every search); `set_reference` swaps the reference policy.
+  """
+  id: int
+  num_prompts: int
+  mailbox: Mailbox
+  buffer: Staging
+  stats: SearchStats
+  ref_params: Params                # the reference policy, on its devices
+  ref_model_config: ModelConfig     # its config (with LoRA: the base's)
+
+  def search_once(self) -> int: ...
+  def in_flight(self) -> list[int]: ...
+  def restart(self) -> None: ...
+  def set_reference(self, params: Params) -> None: ...
+  def snapshot(self) -> tuple[list[Entry], dict]: ...
+  def load_snapshot(self, entries: Sequence[Entry], state: dict) -> None: ...
 
 
 class SearcherError(RuntimeError):
@@ -51,11 +97,16 @@ class SearcherPool:
   searchers' dtype), e.g. a bound weight_sync.publish.
   """
 
-  def __init__(self, searchers: list[Searcher], *, publish: Callable[[Params, int], Params],
-               max_prompt_len: int, max_completion_len: int, max_restarts: int = 0):
+  def __init__(self, searchers: list[PoolSearcher], *,
+               publish: Callable[[Params, int], Params],
+               layout: Layout, max_restarts: int = 0, schedule: Schedule = Schedule()):
     self.searchers, self._publish = searchers, publish
-    self.max_prompt_len, self.max_completion_len = max_prompt_len, max_completion_len
-    self.max_restarts = max_restarts
+    self.layout = layout  # the widths every host's entries are packed to
+    self.max_restarts, self.schedule = max_restarts, schedule
+    self.async_mode = schedule.mode == "async"
+    # The trainer's time spent waiting for the searchers (pre-fill, alternate rounds) and
+    # on async syncs (publish and merge), for the idle fractions.
+    self.waiting_seconds = self.sync_seconds = 0.0
     n = len(searchers)
     self._errors: list[str | None] = [None] * n    # why searcher i gave up
     self._restarts = [0] * n                       # restarts of searcher i in this run
@@ -64,6 +115,61 @@ class SearcherPool:
     self._stop = threading.Event()
     self._threads: list[threading.Thread] = []
     self._start_time: float | None = None
+
+  # --- The trainer's schedule (schedule.py) -------------------------------------------------
+  def begin(self) -> None:
+    """Before the pre-fill of a run that trains: async searchers start their threads."""
+    if self.async_mode:
+      self.start()
+
+  def prefill(self, buffer: ReplayBuffer) -> bool:
+    """One pre-fill round into `buffer` (async: a wait of 0.1 s; alternate: a round of
+    the schedule's prefill_prompts). True, nothing merged, when a searcher gave up."""
+    start = time.perf_counter()
+    if self.async_mode:
+      time.sleep(0.1)
+    else:
+      self.search_round(self.schedule.prefill_prompts)
+    failed = self.failed()
+    if not failed:
+      self.merge(buffer)
+    self.waiting_seconds += time.perf_counter() - start
+    return failed
+
+  def before_step(self, step: int, buffer: ReplayBuffer) -> bool:
+    """Before update `step` (0-based). Alternate mode, at the first step of each window of
+    k (not step 0: its round was the pre-fill; a resumed run searches at its first step as
+    the uninterrupted run did): a round of window_prompts, merged as the window's sync.
+    True, nothing merged, when a searcher gave up."""
+    if self.async_mode or step == 0 or not due(step, self.schedule.sync_every):
+      return False
+    start = time.perf_counter()
+    self.search_round(self.schedule.window_prompts)
+    failed = self.failed()
+    self.waiting_seconds += time.perf_counter() - start
+    if not failed:
+      self.merge(buffer)
+      buffer.mark_sync()
+    return failed
+
+  def sync(self, done: int, params: Params, buffer: ReplayBuffer) -> bool:
+    """After `done` updates, every k: the weights to the searchers; async mode also merges
+    their new entries into `buffer` (alternate mode merges at its next round). True when
+    a searcher gave up."""
+    if not due(done, self.schedule.sync_every):
+      return False
+    start = time.perf_counter()
+    self.publish(done, params)
+    if not self.async_mode:
+      return False
+    self.merge(buffer)
+    buffer.mark_sync()
+    self.sync_seconds += time.perf_counter() - start
+    return self.failed()
+
+  def reference(self) -> tuple[ModelConfig, Params]:
+    """(config, params) of the reference policy, on searcher 0's devices."""
+    return self.searchers[0].ref_model_config, self.searchers[0].ref_params
 
   # --- Running -------------------------------------------------------------------------------
   def start(self) -> None:
@@ -152,8 +258,8 @@ class SearcherPool:
   def merge(self, buffer: ReplayBuffer) -> int:
     """Every host's new searcher entries into `buffer`, in process order; returns how many."""
     new = [entry for sr in self.searchers for entry in sr.buffer.drain_new()]
-    new = distributed.all_gather_entries(new, max_prompt_len=self.max_prompt_len,
-                                         max_completion_len=self.max_completion_len)
+    new = distributed.all_gather_entries(new, max_prompt_len=self.layout.prompt_len,
+                                         max_completion_len=self.layout.completion_len)
     buffer.add_many(new)
     return len(new)
 
@@ -181,8 +287,8 @@ class SearcherPool:
     """
     snaps = [sr.snapshot() for sr in self.searchers]
     entries = distributed.all_gather_entries(
-        [e for es, _ in snaps for e in es], max_prompt_len=self.max_prompt_len,
-        max_completion_len=self.max_completion_len)
+        [e for es, _ in snaps for e in es], max_prompt_len=self.layout.prompt_len,
+        max_completion_len=self.layout.completion_len)
     states = [{"searcher": st, "restarts": n} for (_, st), n in zip(snaps, self._restarts)]
     return entries, distributed.all_gather_json(states)
 

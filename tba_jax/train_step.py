@@ -307,32 +307,6 @@ def init_state(params: Params, optimizer: optax.GradientTransformation,
 # ---------------------------------------------------------------------------
 # The update.
 # ---------------------------------------------------------------------------
-def completion_logits(model_config: ModelConfig, params: Params, tokens: jax.Array,
-                      attention_mask: jax.Array, completion_len: int, remat: bool = False,
-                      dropout: Dropout | None = None) -> jax.Array:
-  """Logits [N, Tc, V] of the completion columns: logits[:, t] predicts completion token t.
-
-  Only hidden[:, Tp-1:-1], the states that predict the completion tokens, are
-  unembedded: prompt logits ([N, Tp, V], the largest activation) never exist.
-  `dropout`: the model's (model.py), in the training forward only.
-  """
-  prompt_len = tokens.shape[1] - completion_len
-  positions = model.positions_from_mask(attention_mask)
-  hidden, _ = model.forward(model_config, params, tokens, positions, attention_mask,
-                            remat=remat, dropout=dropout)
-  return model.unembed(model_config, params, hidden[:, prompt_len - 1:-1])
-
-
-def completion_token_logprobs(model_config: ModelConfig, params: Params, tokens: jax.Array,
-                              attention_mask: jax.Array, completion_len: int,
-                              temperature: float, remat: bool = False,
-                              dropout: Dropout | None = None) -> jax.Array:
-  """Per-token log-probs [N, Tc] (float32, tempered) of the completion columns."""
-  logits = completion_logits(model_config, params, tokens, attention_mask, completion_len,
-                             remat, dropout)
-  return losses.token_logprobs(logits, tokens[:, tokens.shape[1] - completion_len:], temperature)
-
-
 def check_microbatches(num_rows: int, num_microbatches: int, fsdp: int) -> None:
   """Raises ValueError unless `num_rows` cut into `num_microbatches` equal micro-batches
   whose size is a multiple of the trainer's `fsdp` devices (every shard gets rows)."""
@@ -422,7 +396,7 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     params = jax.tree.map(lambda p: p.astype(compute_config.jnp_dtype),
                           lora.combine(frozen, params))
     mask = batch.completion_mask
-    logits = completion_logits(compute_config, params, batch.tokens, batch.attention_mask,
+    logits = model.completion_logits(compute_config, params, batch.tokens, batch.attention_mask,
                                mask.shape[1], remat, drop)
     token_lp = losses.token_logprobs(logits, batch.tokens[:, batch.prompt_len:], temperature)
     if log_z is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -51,8 +52,22 @@ def gold_text(gold: float | str) -> str:
   return str(int(gold)) if float(gold).is_integer() else repr(float(gold))
 
 
+_NUMBER = re.compile(r"(?:[+-]?\d+\.\d*|[+-]?\.\d+|[+-]?\d+e[-+]?\d+|[+-]?\d+)")
+
+
+def extract_answer(text: str) -> float | None:
+  """The last number in `text` (commas removed), or None when there is none."""
+  numbers = _NUMBER.findall(text.replace(",", ""))
+  return float(numbers[-1]) if numbers else None  # every match parses as a float
+
+
+def reward(completion: str, gold: float) -> float:
+  """GSM8K's check: 1.0 when the completion's last number equals the gold answer, else 0.0."""
+  value = extract_answer(completion)
+  return float(value is not None and value == gold)
+
+
 def paper_regex(texts: Sequence[str], golds: Sequence[float | str]) -> np.ndarray:
-  from tba_jax.tasks.gsm8k import extract_answer, reward
   wants = [extract_answer(g) if isinstance(g, str) else float(g) for g in golds]
   return np.array([0.0 if want is None else reward(text, want)
                    for text, want in zip(texts, wants)], np.float32)
@@ -122,8 +137,8 @@ def check_installed(name: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class VerifierReward:
-  """A reward stage (rewards.RewardStage): 1.0 where `verifier` accepts a completion's
-  answer against its problem's gold, else 0.0."""
+  """A reward stage (tasks.RewardStage): 1.0 where `verifier` accepts a completion's
+  answer against its problem's target (the gold answer), else 0.0."""
   verifier: str = "paper_regex"
 
   def __post_init__(self):
@@ -134,7 +149,7 @@ class VerifierReward:
     del mesh  # no devices involved
     check_installed(self.verifier)
     check = CHECKS[self.verifier]
-    return lambda batch: check(batch.texts, [p.gold for p in batch.problems])
+    return lambda batch: check(batch.texts, [p.target for p in batch.problems])
 
 
 if __name__ == "__main__":  # the math_verify worker (_Worker): JSON lines on stdin / stdout

@@ -5,8 +5,8 @@ from tba_jax import batch
 
 
 def test_token_rows_align_every_completion_at_the_same_column():
-  tokens, attention = batch.token_rows([[5, 6], [7], []], [[8, 9, 1], [], []], tp=3, tc=4,
-                                       pad_id=0)
+  tokens, attention = batch.token_rows([[5, 6], [7], []], [[8, 9, 1], [], []],
+                                      batch.Layout(3, 4, 0))
   np.testing.assert_array_equal(tokens, [[0, 5, 6, 8, 9, 1, 0], [0, 0, 7, 0, 0, 0, 0],
                                          [0, 0, 0, 0, 0, 0, 0]])
   np.testing.assert_array_equal(attention, [[0, 1, 1, 1, 1, 1, 0], [0, 0, 1, 0, 0, 0, 0],
@@ -17,7 +17,7 @@ def test_token_rows_align_every_completion_at_the_same_column():
 def test_distinct_fraction_counts_distinct_completions_per_group():
   entries_tokens = [[4, 5], [4, 5], [6], [4, 5],   # group 7: 2 distinct of 4
                     [9], [9]]                      # group 8: 1 distinct of 2
-  tokens, attention = batch.token_rows([[1]] * 6, entries_tokens, tp=2, tc=3, pad_id=0)
+  tokens, attention = batch.token_rows([[1]] * 6, entries_tokens, batch.Layout(2, 3, 0))
   n = len(entries_tokens)
   b = batch.TrainBatch(tokens=tokens, attention_mask=attention,
                        completion_mask=np.ones((n, 3), np.float32),

@@ -111,3 +111,19 @@ def test_evaluation_runs_on_this_processs_trainer_devices_or_searcher_zeros():
   shared = [sharding.make_mesh("searcher", devices[:1])]
   one = sharding.make_mesh("trainer", devices[:1])
   assert config_builders.evaluation_mesh("trainer", one, shared, 1) is shared[0]
+
+
+def test_a_registered_task_builds_from_its_config_and_passes_the_config_check(monkeypatch):
+  from configs import echo as echo_config
+  from experiments import echo as echo_experiment
+  from tba_jax import config_checks, tokenizer
+  c = echo_config.get_config("tiny")
+  with pytest.raises(ConfigError, match=r"task.name='echo': must be one of 'gsm8k', "):
+    config_checks.validate(c)  # not registered: an unknown task
+  for name, build in echo_experiment.TASKS.items():
+    monkeypatch.setitem(config_builders.TASKS, name, build)
+  config_checks.validate(c)
+  task = config_builders.build_task(c.task, tokenizer.byte_tokenizer())
+  assert (len(task.train), len(task.test)) == (8, 4) and task.name == "echo"
+  assert [p.id for p in task.test] == [0, 1, 2, 3]
+  assert task.reward("cax", "cat") == pytest.approx(2 / 3)

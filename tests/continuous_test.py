@@ -50,15 +50,17 @@ def test_outputs_with_num_slots_equal_static_on_a_ragged_batch(tiny_cfg, num_slo
   assert want.lengths.min() <= kw.get("min_new_tokens", 2) + 1 and want.lengths.max() == 24
   assert 0 < (want.lengths == 24).sum() < len(prompts)
   # Windows of 8 slots: rows run under several window sizes (the cache has 36).
-  s = sampler.Sampler(tiny_cfg, num_slots=num_slots, window_step=8, chunk_steps=6, **options)
-  _assert_same(s(params, prompts, jax.random.key(7)), want)
+  s = sampler.Sampler(tiny_cfg, **options)
+  _assert_same(continuous.generate(s, params, prompts, jax.random.key(7), num_slots=num_slots,
+                                   window_step=8, chunk_steps=6), want)
 
 
 def test_eos_padding_and_lengths(tiny_cfg):
   params, prompts = _ragged(tiny_cfg)
   m = 24
-  out = sampler.generate(tiny_cfg, params, prompts, max_new_tokens=m, temperature=0.8,
-                         eos_ids=EOS, pad_id=0, seed=7, num_slots=4)
+  out = continuous.generate(sampler.Sampler(tiny_cfg, max_new_tokens=m, temperature=0.8,
+                                            eos_ids=EOS, pad_id=0),
+                            params, prompts, jax.random.key(7), num_slots=4)
   for row, n in zip(range(len(prompts)), out.lengths):
     body = out.tokens[row, :n]
     assert not np.isin(body[:-1], EOS).any()  # nothing after the first EOS
@@ -85,8 +87,8 @@ def test_refills_keep_at_most_num_slots_in_flight_and_share_prompt_prefills(tiny
   # 4 samples of each prompt, interleaved (identical prompts not adjacent).
   prompts = [distinct[i % 5] for i in range(20)]
   kw = dict(max_new_tokens=16, temperature=1.0, eos_ids=EOS, pad_id=0)
-  s = sampler.Sampler(tiny_cfg, num_slots=4, chunk_steps=8, **kw)
-  stream = s.stream(params, jax.random.key(5), max_prompt_len=12)
+  stream = continuous.Stream(sampler.Sampler(tiny_cfg, **kw), params, jax.random.key(5),
+                             num_slots=4, chunk_steps=8, max_prompt_len=12)
   stream.add(prompts, range(20))
   got, most = _run_stream(stream)
   assert sorted(got) == list(range(20)) and most == 4
@@ -106,8 +108,8 @@ def test_rows_at_their_own_temperatures_equal_static_calls_at_each(tiny_cfg):
   call at its own temperature."""
   params, prompts = _ragged(tiny_cfg)
   kw = dict(max_new_tokens=16, eos_ids=EOS, pad_id=0)
-  s = sampler.Sampler(tiny_cfg, num_slots=4, chunk_steps=8, **kw)
-  stream = s.stream(params, jax.random.key(5), max_prompt_len=12)
+  stream = continuous.Stream(sampler.Sampler(tiny_cfg, **kw), params, jax.random.key(5),
+                             num_slots=4, chunk_steps=8, max_prompt_len=12)
   stream.add(prompts[:6], range(6), temperature=0.5)
   stream.add(prompts[6:], range(6, 12), temperature=2.0)
   got, _ = _run_stream(stream)
@@ -126,8 +128,8 @@ def test_rows_fed_while_the_stream_runs_equal_static(tiny_cfg):
   """A searcher's pattern: queue more rows between steps, as slots come free."""
   params, prompts = _ragged(tiny_cfg)
   kw = dict(max_new_tokens=16, temperature=1.0, eos_ids=EOS, pad_id=0)
-  stream = sampler.Sampler(tiny_cfg, num_slots=4, chunk_steps=8, **kw).stream(
-      params, jax.random.key(5), max_prompt_len=12)
+  stream = continuous.Stream(sampler.Sampler(tiny_cfg, **kw), params, jax.random.key(5),
+                             num_slots=4, chunk_steps=8, max_prompt_len=12)
   got, fed = {}, 0
   while fed < len(prompts) or stream.busy():
     if fed < len(prompts) and stream.num_queued + stream.num_in_flight < 4:
@@ -162,22 +164,24 @@ def test_one_compile_per_slot_count_prompt_bucket_and_window(tiny_cfg, monkeypat
       "insert", continuous.insert_rows, lambda *a: (a[0].tokens.shape, a[1].k.shape)))
   params, prompts = _ragged(tiny_cfg)
   # max_new_tokens=21 is used by no other test, so no earlier program is reused.
-  s = sampler.Sampler(tiny_cfg, max_new_tokens=21, temperature=1.0, eos_ids=EOS, num_slots=4,
-                      window_step=8, prompt_buckets=(16, 32))
-  s(params, prompts, jax.random.key(0))
+  s = sampler.Sampler(tiny_cfg, max_new_tokens=21, temperature=1.0, eos_ids=EOS,
+                      prompt_buckets=(16, 32))
+  run = lambda prompts, key: continuous.generate(s, params, prompts, key, num_slots=4,
+                                                 window_step=8)
+  run(prompts, jax.random.key(0))
   windows = [w for _, w in traced["decode"]]
   # The window grows with the longest live row: several sizes, within the
   # cache (prompt bucket 16 + 21 slots).
   assert len(windows) > 1 and max(windows) <= 37
   # Other prompts of the same bucket, other keys: only keys not seen before trace.
-  s(params, [p[::-1] for p in prompts], jax.random.key(1))
-  s(params, prompts, jax.random.key(2))
+  run([p[::-1] for p in prompts], jax.random.key(1))
+  run(prompts, jax.random.key(2))
   for name, keys in traced.items():
     assert len(keys) == len(set(keys)), f"{name} traced twice for one shape: {keys}"
   assert {w for _, w in traced["decode"]} >= set(windows)
   # A longer prompt: a new prompt bucket, so a new cache size and new programs.
   before = {name: len(keys) for name, keys in traced.items()}
-  s(params, prompts + [[20] * 20], jax.random.key(0))
+  run(prompts + [[20] * 20], jax.random.key(0))
   assert all(len(traced[name]) > before[name] for name in traced)
 
 
@@ -185,8 +189,8 @@ def test_rows_placed_after_a_weight_swap_decode_under_the_new_weights(tiny_cfg):
   old, prompts = _ragged(tiny_cfg)
   new = _params(tiny_cfg, seed=9)
   kw = dict(max_new_tokens=16, temperature=0.9, eos_ids=EOS, pad_id=0)
-  s = sampler.Sampler(tiny_cfg, num_slots=4, chunk_steps=4, **kw)
-  stream = s.stream(old, jax.random.key(3), max_prompt_len=12, version=0)
+  stream = continuous.Stream(sampler.Sampler(tiny_cfg, **kw), old, jax.random.key(3),
+                             num_slots=4, chunk_steps=4, max_prompt_len=12, version=0)
   stream.add(prompts, range(len(prompts)))
   got = {c.row_id: c for c in stream.step()}
   before = {j: stream.slots[j].row_id for j in range(4) if stream.slots[j] is not None}
@@ -207,30 +211,34 @@ def test_rows_placed_after_a_weight_swap_decode_under_the_new_weights(tiny_cfg):
 
 def test_same_outputs_on_a_four_device_mesh(tiny_cfg):
   params, prompts = _ragged(tiny_cfg)
-  kw = dict(max_new_tokens=12, temperature=1.0, top_p=0.95, eos_ids=EOS, seed=11)
-  want = sampler.generate(tiny_cfg, params, prompts, **kw)
+  kw = dict(max_new_tokens=12, temperature=1.0, top_p=0.95, eos_ids=EOS)
+  want = sampler.generate(tiny_cfg, params, prompts, seed=11, **kw)
   mesh = sharding.make_mesh("searcher", jax.devices()[4:], tensor=2)  # data 2 x tensor 2
   placed = jax.device_put(params, sharding.param_shardings(tiny_cfg, "searcher", mesh))
-  got = sampler.generate(tiny_cfg, placed, prompts, mesh=mesh, num_slots=4, **kw)
+  got = continuous.generate(sampler.Sampler(tiny_cfg, mesh=mesh, **kw), placed, prompts,
+                            jax.random.key(11), num_slots=4)
   _assert_same(got, want)
 
 
 def test_bad_arguments_are_refused(tiny_cfg):
   params = model.init_params(tiny_cfg)
   mesh = sharding.make_mesh("searcher", jax.devices()[:2])
+  key = jax.random.key(0)
   with pytest.raises(ValueError, match="num_slots=3 must be a positive multiple"):
-    sampler.Sampler(tiny_cfg, max_new_tokens=4, num_slots=3, mesh=mesh)
+    continuous.Stream(sampler.Sampler(tiny_cfg, max_new_tokens=4, mesh=mesh), params, key,
+                      num_slots=3, max_prompt_len=4)
   with pytest.raises(ValueError, match="chunk_steps"):
-    sampler.Sampler(tiny_cfg, max_new_tokens=4, num_slots=2, chunk_steps=0)
-  stream = sampler.Sampler(tiny_cfg, max_new_tokens=4, num_slots=2).stream(
-      params, jax.random.key(0), max_prompt_len=4)
+    continuous.Stream(sampler.Sampler(tiny_cfg, max_new_tokens=4), params, key, num_slots=2,
+                      chunk_steps=0, max_prompt_len=4)
+  stream = continuous.Stream(sampler.Sampler(tiny_cfg, max_new_tokens=4), params, key,
+                             num_slots=2, max_prompt_len=4)
   with pytest.raises(ValueError, match="exceeds this stream's max_prompt_len"):
     stream.add([[1] * 40], [0])
   with pytest.raises(ValueError, match="at least one token"):
     stream.add([[]], [0])
-  with pytest.raises(ValueError, match="needs num_slots"):
-    sampler.Sampler(tiny_cfg, max_new_tokens=4).stream(params, jax.random.key(0),
-                                                       max_prompt_len=4)
+  with pytest.raises(ValueError, match="num_slots=0 must be a positive multiple"):
+    continuous.Stream(sampler.Sampler(tiny_cfg, max_new_tokens=4), params, key, num_slots=0,
+                      max_prompt_len=4)
 
 
 @pytest.mark.slow
@@ -244,9 +252,10 @@ def test_smollm2_gsm8k_samples_with_num_slots_equal_static():
     questions = [json.loads(line)["question"] for line in f][:3]
   rows = [tok.encode(tok.chat_prompt(q)) for q in questions for _ in range(3)]
   cfg, params = hf_checkpoints.load(path)
-  kw = dict(max_new_tokens=48, temperature=0.7, eos_ids=tok.eos_ids, pad_id=tok.pad_id, seed=1)
-  want = sampler.generate(cfg, params, rows, **kw)
-  got = sampler.generate(cfg, params, rows, num_slots=4, **kw)
+  kw = dict(max_new_tokens=48, temperature=0.7, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+  want = sampler.generate(cfg, params, rows, seed=1, **kw)
+  got = continuous.generate(sampler.Sampler(cfg, **kw), params, rows, jax.random.key(1),
+                            num_slots=4)
   assert len(set(want.lengths.tolist())) > 1  # ragged
   np.testing.assert_array_equal(got.tokens, want.tokens)
   np.testing.assert_array_equal(got.lengths, want.lengths)

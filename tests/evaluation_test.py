@@ -33,10 +33,10 @@ class FakeGenerate:
 
 
 def _evaluator(**kw):
-  problems = [Problem(i, f"q{i}", "", float(10 + i)) for i in range(3)]
+  problems = [Problem(i, {"question": f"q{i}"}, float(10 + i)) for i in range(3)]
   # Reward 1 when the first token is the problem's gold: every greedy answer is right; the
   # sampled answers of problem 2 are wrong.
-  reward = lambda batch: np.array([float(c[0] == p.gold) for c, p in
+  reward = lambda batch: np.array([float(c[0] == p.target) for c, p in
                                    zip(batch.completions, batch.problems)])
   kw = {"greedy": FakeGenerate(True), "sampled": FakeGenerate(False), "num_samples": 2, **kw}
   return Evaluator(problems=problems, prompt_tokens=[[i] for i in range(3)],

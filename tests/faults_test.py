@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from tba_jax import faults
-from tba_jax.rewards import RewardBatch
+from tba_jax.tasks import RewardBatch
 from tba_jax.tasks import Problem
 
 
 def _batch(*ids):
   rows = [i for i in ids for _ in range(2)]  # prompt-major, 2 samples per prompt
-  return RewardBatch(problems=[Problem(i, f"q{i}", "", 0.0) for i in rows],
+  return RewardBatch(problems=[Problem(i, {"question": f"q{i}"}, 0.0) for i in rows],
                      prompts=[[1]] * len(rows), completions=[np.array([2])] * len(rows),
                      ended_with_eos=np.zeros(len(rows), bool), texts=["x"] * len(rows))
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import gsm8k as gsm8k_config
-from tba_jax import config_builders, hf_checkpoints, loop, sharding, train_step
+from tba_jax import config_builders, hf_checkpoints, loop, model, sharding, train_step
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax import weight_sync
 from tba_jax.checkpoint import ConfigMismatchError
@@ -93,7 +93,7 @@ def _plain_synchronous_loop(c, task, tokenizer):
                     temperature=c.sampler.temperature, eos_ids=tokenizer.eos_ids,
                     pad_id=tokenizer.pad_id, mesh=searcher_mesh)
   stream = PromptStream([p.id for p in task.train], seed=c.seed)
-  golds = {p.id: p.gold for p in task.train}
+  golds = {p.id: p.target for p in task.train}
   key = jax.random.fold_in(jax.random.key(c.seed), 0)
   tp, tc, k = c.task.max_prompt_len, c.sampler.max_new_tokens, c.buffer.samples_per_prompt
   for step in range(c.num_train_steps):
@@ -110,7 +110,7 @@ def _plain_synchronous_loop(c, task, tokenizer):
       tokens[r, tp - len(p):tp], attn[r, tp - len(p):tp] = p, 1
       tokens[r, tp:], attn[r, tp:tp + out.lengths[r]] = out.tokens[r], 1
     completion_mask = attn[:, tp:].astype(np.float32)
-    ref_lp = np.asarray(jax.jit(train_step.completion_token_logprobs, static_argnums=(0, 4, 5))(
+    ref_lp = np.asarray(jax.jit(model.completion_token_logprobs, static_argnums=(0, 4, 5))(
         cfg, ref, tokens, attn, tc, c.sampler.temperature)) * completion_mask
     rewards = np.array([digit_reward(tokenizer.decode(out.tokens[r, :out.lengths[r]]),
                                      golds[i]) for r, i in enumerate(rows)], np.float32)
@@ -413,7 +413,8 @@ def test_a_reward_model_scores_the_run_through_the_reward_stage(tmp_path, monkey
   # A tiny random GPT-NeoX reward model (sharing the byte tokenizer's ids) scores every
   # completion on the searchers' devices; the trainer's buffer must hold exactly its scores.
   from hf_models import make_model
-  from tba_jax import model, rewards
+  from tba_jax import model
+  from tba_jax.tasks import model_rewards
   path = str(tmp_path / "rm")
   make_model("gpt_neox", head="classifier", num_labels=1, vocab_size=261,
              seed=3).save_pretrained(path)
@@ -424,12 +425,12 @@ def test_a_reward_model_scores_the_run_through_the_reward_stage(tmp_path, monkey
       super().__init__(*args, **kw)
       buffers.append(self)
 
-  monkeypatch.setattr(loop, "ReplayBuffer", Kept)
+  monkeypatch.setattr(config_builders, "ReplayBuffer", Kept)  # the global buffer's builder
   c = tiny_config(num_train_steps=4, mesh=dict(num_devices=2, num_trainer_devices=1),
                   sync=dict(mode=mode, every=2), buffer=dict(prefill=8))
   base = toy_task(c)
   task = Task(train=base.train, test=base.test, prompt=base.prompt,
-              reward=rewards.ModelReward(path))
+              reward=model_rewards.ModelReward(path))
   assert loop.run(c, str(tmp_path / "run"), task=task)["step"] == 4
   entries = buffers[0].entries()
   assert len(entries) >= 8

@@ -168,7 +168,7 @@ def test_only_the_adapters_train_and_their_gradient_is_the_merged_models(tiny_cf
   # The same loss through the merged weights: W + scale A B, differentiated w.r.t. A and B.
   def merged_loss(adapters):
     p = lora.merge(cfg, lora.combine(base, adapters))
-    lp = train_step.completion_token_logprobs(tiny_cfg, p, batch.tokens, batch.attention_mask,
+    lp = model.completion_token_logprobs(tiny_cfg, p, batch.tokens, batch.attention_mask,
                                               TC, TEMPERATURE)
     return train_step.tb_loss(lp, batch, jnp.float32(0.5))[0]
 
@@ -208,7 +208,7 @@ def test_tb_and_the_baselines_raise_the_rewarded_completions_on_4_devices(tiny_c
     state, metrics = update(state, batch, frozen)
   assert np.isfinite(float(metrics["loss"]))
   seq = lambda c, p: np.asarray(losses.masked_sum(
-      train_step.completion_token_logprobs(c, p, batch.tokens, batch.attention_mask, TC,
+      model.completion_token_logprobs(c, p, batch.tokens, batch.attention_mask, TC,
                                            TEMPERATURE), batch.completion_mask))
   gain = seq(cfg, lora.combine(base, state.params)) - seq(tiny_cfg, base)
   others = np.setdiff1d(np.arange(len(ids)), favoured)
@@ -275,8 +275,8 @@ def test_the_reference_logprobs_with_lora_are_the_base_models(tiny_cfg):
   trainer_mesh = sharding.make_mesh("trainer", devices[:1])
   searcher_mesh = sharding.make_mesh("searcher", devices[1:2])
   cfg, base, adapters = _policy(tiny_cfg, trainer_mesh)
-  problems = [Problem(i, f"q{i}", "", 0.0) for i in range(2)]
-  task = Task(train=problems, test=problems, prompt=lambda p: p.question,
+  problems = [Problem(i, {"question": f"q{i}"}, 0.0) for i in range(2)]
+  task = Task(train=problems, test=problems, prompt=lambda p: p.fields["question"],
               reward=lambda text, gold: 0.0)
   publish = config_builders.publisher(cfg, base, [searcher_mesh], "float32", trainer_mesh)
   c = _tiny_config()
@@ -290,7 +290,7 @@ def test_the_reference_logprobs_with_lora_are_the_base_models(tiny_cfg):
   assert entries
   for e in entries:
     tokens = np.array([list(e.prompt) + list(e.completion)], np.int32)
-    lp = lambda cfg, params: np.asarray(train_step.completion_token_logprobs(
+    lp = lambda cfg, params: np.asarray(model.completion_token_logprobs(
         cfg, params, tokens, np.ones_like(tokens), e.completion.size, c.sampler.temperature))[0]
     np.testing.assert_allclose(e.ref_logprobs, lp(tiny_cfg, base), atol=1e-5)
     # The completions were sampled with the adapters on: their behaviour log-probs are the
@@ -322,7 +322,7 @@ def test_the_peft_export_loads_in_peft_and_matches_our_logits(tmp_path, name, ta
   base_cfg, base = hf_checkpoints.load(str(tmp_path / "base"))
   cfg = base_cfg.replace(lora=LoRAConfig(4, 8.0, targets))
   adapters = trained_adapters(cfg)
-  lora.save_peft(cfg, adapters, str(tmp_path / "adapter"), base_model=str(tmp_path / "base"))
+  hf_checkpoints.save_peft(cfg, adapters, str(tmp_path / "adapter"), base_model=str(tmp_path / "base"))
   hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
   adapted = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
   tokens, mask = rows(lengths=(9, 5))

@@ -39,10 +39,10 @@ def test_load_fixtures_gold_from_answer_or_the_solutions_box():
   train = math_task.load("train", math_config.TINY_DATA)
   test = math_task.load("test", math_config.TINY_DATA)
   assert (len(train), len(test)) == (8, 6)
-  assert train[0].question == "What is the value of $3^2 + 4^2$?" and train[0].gold == "25"
-  assert train[1].gold == "\\frac{1}{2}"  # no `answer` field: the solution's box
-  assert train[6].gold == "\\left( 2, \\frac{\\pi}{2} \\right)"
-  assert [p.id for p in test] == list(range(6)) and test[3].gold == "\\text{(C)}"
+  assert train[0].fields["question"] == "What is the value of $3^2 + 4^2$?" and train[0].target == "25"
+  assert train[1].target == "\\frac{1}{2}"  # no `answer` field: the solution's box
+  assert train[6].target == "\\left( 2, \\frac{\\pi}{2} \\right)"
+  assert [p.id for p in test] == list(range(6)) and test[3].target == "\\text{(C)}"
   assert math_task.load("test", math_config.TINY_DATA, limit=2) == test[:2]
 
 
@@ -52,7 +52,7 @@ def test_split_files_in_a_hub_snapshot_layout_and_bad_paths(tmp_path):
   for name in ("train-00000-of-00001.jsonl", "test-00000-of-00001.jsonl"):
     (tmp_path / "data" / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
   assert split_file(str(tmp_path), "test", "MATH").endswith("data/test-00000-of-00001.jsonl")
-  assert math_task.load("train", str(tmp_path))[0].gold == "1"
+  assert math_task.load("train", str(tmp_path))[0].target == "1"
   (tmp_path / "test-extra.jsonl").write_text("")
   with pytest.raises(DataError, match="several candidates"):
     split_file(str(tmp_path), "test", "MATH")
@@ -87,7 +87,7 @@ def test_the_built_task_scores_gold_solutions_one_and_others_zero():
   each test problem with its reference solution (or with problem 0's)."""
   from tba_jax.evaluation import Evaluator
   from tba_jax.sampler import Rollouts
-  from tba_jax import rewards
+  from tba_jax.tasks import as_stage
   c = math_config.get_config("tiny")
   tok = tokenizer_lib.byte_tokenizer()
   task = config_builders.build_task(c.task, tok)
@@ -108,13 +108,13 @@ def test_the_built_task_scores_gold_solutions_one_and_others_zero():
 
   def evaluate(solution_of):
     return Evaluator(problems=problems, prompt_tokens=prompts, decode=tok.decode,
-                     reward=rewards.as_stage(task.reward).build(None), eos_ids=tok.eos_ids,
+                     reward=as_stage(task.reward).build(None), eos_ids=tok.eos_ids,
                      batch_size=4, greedy=generate(solution_of), answer=task.answer,
                      progress=False)(None, jax.random.key(0))
 
-  assert evaluate(lambda i: problems[i].answer)["eval/greedy_pass@1"] == 1.0
+  assert evaluate(lambda i: problems[i].fields["answer"])["eval/greedy_pass@1"] == 1.0
   # Problem 0's solution (56) answers no other problem.
-  assert evaluate(lambda i: problems[0].answer)["eval/greedy_pass@1"] == pytest.approx(1 / 6)
+  assert evaluate(lambda i: problems[0].fields["answer"])["eval/greedy_pass@1"] == pytest.approx(1 / 6)
 
 
 @pytest.mark.slow

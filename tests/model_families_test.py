@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hf_models import edit_config, hf_logits, hf_scores, left_padded_batch, make_model, padded_batch
-from tba_jax import hf_checkpoints, losses, model, sampler, sharding
+from tba_jax import continuous, hf_checkpoints, losses, model, sampler, sharding
 
 FAMILIES = ["qwen3", "gemma3", "mistral_sliding", "qwen2_sliding"]
 
@@ -100,9 +100,9 @@ def test_greedy_generation_static_and_streaming_matches_transformers(name, tmp_p
   cfg, params = hf_checkpoints.load(path)
   prompts = [[5, 9, 17, 33, 4, 8, 60], [7, 11, 3], [99]]
   static = sampler.generate(cfg, params, prompts, max_new_tokens=8, greedy=True)
-  streaming = sampler.Sampler(cfg, max_new_tokens=8, greedy=True, eos_ids=(), pad_id=0,
-                              num_slots=2, window_step=4, chunk_steps=3)(
-                                  params, prompts, jax.random.key(0))
+  streaming = continuous.generate(
+      sampler.Sampler(cfg, max_new_tokens=8, greedy=True, eos_ids=(), pad_id=0), params,
+      prompts, jax.random.key(0), num_slots=2, window_step=4, chunk_steps=3)
   tokens, mask = left_padded_batch(np.random.default_rng(0), [len(p) for p in prompts])
   for i, p in enumerate(prompts):
     tokens[i, tokens.shape[1] - len(p):] = p

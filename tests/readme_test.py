@@ -90,9 +90,10 @@ def _commands(doc: str, program: str) -> list[str]:
 
 
 @pytest.mark.parametrize("doc", ["README.md"] + [os.path.relpath(d, ROOT) for d in DOCS])
-def test_every_documented_experiment_command_names_a_config_its_experiment_runs(doc):
+def test_every_documented_experiment_command_names_a_config_its_experiment_runs(doc,
+                                                                                monkeypatch):
   from experiments import launch
-  from tba_jax import config_checks
+  from tba_jax import config_builders, config_checks
   for command in _commands(doc, "python -m experiments."):
     args = shlex.split(command)
     module = args[2].removeprefix("experiments.")
@@ -104,6 +105,11 @@ def test_every_documented_experiment_command_names_a_config_its_experiment_runs(
     file, _, arg = spec.partition(":")
     variant, *overrides = arg.split(",")
     overrides += [a.removeprefix("--config.") for a in args if a.startswith("--config.")]
+    # An experiment of its own task registers it (launch.main(..., tasks=TASKS)).
+    for name, build in getattr(importlib.import_module(f"experiments.{module}"), "TASKS",
+                               {}).items():
+      monkeypatch.setitem(config_builders.TASKS, name, build)
+      monkeypatch.setitem(launch.EXPERIMENTS, module, (name,))
     config = importlib.import_module(f"configs.{os.path.basename(file)[:-3]}").get_config(variant)
     config.unlock()
     config_checks.apply_overrides(config, overrides)  # every key exists, every value parses
@@ -118,6 +124,11 @@ def test_every_documented_benchmark_exists(doc):
     target = shlex.split(command)[2 if " -m " in command else 1]
     assert (importlib.util.find_spec(target) if " -m " in command else
             os.path.exists(os.path.join(ROOT, target))), command
+
+
+def test_the_add_a_task_example_is_the_shipped_task_and_experiment():
+  for path in ("tba_jax/tasks/echo.py", "experiments/echo.py"):
+    assert _block_after(f"`{path}`:", "python", start="## Adding a task") == _doc(path), path
 
 
 def test_the_smoke_tests_are_the_commands_the_tests_run():

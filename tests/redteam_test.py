@@ -12,7 +12,7 @@ from tba_jax import config_builders, losses, sharding, weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.model import init_params
 from tba_jax.sampler import Sampler
-from tba_jax.searcher import Exploration, PromptStream, Searcher
+from tba_jax.searcher import Exploration, PromptStream, Searcher, StaticRows
 from tba_jax.tasks import Problem, redteam
 
 
@@ -88,10 +88,10 @@ def test_a_searcher_samples_each_batch_at_its_temperature_and_records_it(tiny_cf
                                sharding.param_shardings(tiny_cfg, "searcher", mesh))
   prompts = {0: [5, 6, 7]}
   searcher = Searcher(
-      0, sampler=Sampler(tiny_cfg, max_new_tokens=5, temperature=1.0, mesh=mesh),
+      0, rows=StaticRows(Sampler(tiny_cfg, max_new_tokens=5, temperature=1.0, mesh=mesh)),
       ref_params=policy, mailbox=weight_sync.Mailbox(0, policy),
       stream=PromptStream([0], seed=0), prompt_tokens=prompts,
-      problems={0: Problem(0, "q", "", 0.0)}, decode=lambda ids: "", num_prompts=1,
+      problems={0: Problem(0, {"prompt": "q"})}, decode=lambda ids: "", num_prompts=1,
       reward=lambda batch: np.zeros(len(batch)), num_samples=4, max_prompt_len=4, seed=3,
       explore=Exploration(0.5, 0.5, 2.0))
   seen = []

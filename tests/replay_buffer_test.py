@@ -8,10 +8,11 @@ import pytest
 
 from tba_jax import entries as entries_lib
 from tba_jax import replay_buffer as rb
+from tba_jax.batch import Layout
 from tba_jax.entries import Entry
 from tba_jax.replay_buffer import ReplayBuffer
 
-SIZES = dict(max_prompt_len=6, max_completion_len=8, pad_id=0)
+SIZES = dict(layout=Layout(prompt_len=6, completion_len=8, pad_id=0))
 
 
 def make_entry(pid, completion, reward=0.0, version=0, eos=True, prompt=None, searcher=0,
@@ -67,7 +68,7 @@ def test_layout_left_pads_prompt_right_pads_completion_and_masks_eos(include_eos
   buf = ReplayBuffer()
   buf.add(make_entry(3, [11, 12, 2], reward=1.5, version=4, eos=True, prompt=[50, 51, 52]))
   buf.add(make_entry(5, [21, 22, 23, 24], reward=-1.0, version=6, eos=False, prompt=[60]))
-  batch, info = buf.sample(2, 1, 0.0, max_prompt_len=5, max_completion_len=6, pad_id=9,
+  batch, info = buf.sample(2, 1, 0.0, layout=Layout(5, 6, 9),
                            include_eos=include_eos)
   assert batch.tokens.shape == (2, 11) and batch.completion_mask.shape == (2, 6)
   assert batch.prompt_len == 5
@@ -124,9 +125,9 @@ def test_oversize_prompt_or_completion_names_the_prompt_and_changes_nothing():
   before = buf.state_dict()
   with pytest.raises(ValueError,
                      match=r"prompt id 7: completion has 6 tokens.*max_completion_len=5"):
-    buf.sample(1, 1, 1.0, max_prompt_len=3, max_completion_len=5, pad_id=0)
+    buf.sample(1, 1, 1.0, layout=Layout(3, 5, 0))
   with pytest.raises(ValueError, match=r"prompt id 7: prompt has 3 tokens.*max_prompt_len=2"):
-    buf.sample(1, 1, 1.0, max_prompt_len=2, max_completion_len=6, pad_id=0)
+    buf.sample(1, 1, 1.0, layout=Layout(2, 6, 0))
   assert_same_state(before, buf.state_dict())  # latest pool and RNG untouched by the failures
   with pytest.raises(ValueError, match="prompt id 7"):
     entries_lib.pack(buf.entries(), max_prompt_len=3, max_completion_len=5)
@@ -219,7 +220,7 @@ def test_latest_branch_draws_k_uniformly_from_the_newest_generation():
   counts = np.zeros(8)
   for _ in range(trials):
     batch, info = buf.sample(1, k, 1.0, **SIZES)
-    drawn = batch.tokens[:, SIZES["max_prompt_len"]]
+    drawn = batch.tokens[:, SIZES["layout"].prompt_len]
     assert info["from_latest"][0] and not info["with_replacement"][0]
     assert np.all(drawn >= 30) and len(set(drawn.tolist())) == k  # newest only, no repeats
     assert np.all(batch.versions == 2)
@@ -233,7 +234,7 @@ def test_latest_branch_draws_k_uniformly_from_the_newest_generation():
   buf.mark_sync()
   for _ in range(50):
     batch, info = buf.sample(1, k, 1.0, **SIZES)
-    drawn = batch.tokens[:, SIZES["max_prompt_len"]].tolist()
+    drawn = batch.tokens[:, SIZES["layout"].prompt_len].tolist()
     assert info["with_replacement"][0] and set(drawn) == {50, 51, 52} and len(drawn) == k
 
 
@@ -251,19 +252,19 @@ def test_the_m_branch_draws_what_the_prompt_received_at_its_latest_sync():
   for _ in range(20):
     batch, info = buf.sample(1, 4, 1.0, **SIZES)
     assert info["from_latest"][0] and not info["with_replacement"][0]
-    assert sorted(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == [30, 31, 32, 33]
+    assert sorted(batch.tokens[:, SIZES["layout"].prompt_len].tolist()) == [30, 31, 32, 33]
   for searcher, version in ((0, 5), (1, 6), (2, 5)):  # three batches of 2 in one merge
     buf.add_many([make_entry(0, [50 + 2 * searcher + j, 2], version=version, searcher=searcher)
                   for j in range(2)])
   buf.mark_sync()
   batch, info = buf.sample(1, 6, 1.0, **SIZES)
   assert not info["with_replacement"][0]
-  assert sorted(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == list(range(50, 56))
+  assert sorted(batch.tokens[:, SIZES["layout"].prompt_len].tolist()) == list(range(50, 56))
   # A window that refreshed no prompt leaves each prompt's generation as it was.
   buf.mark_sync()
   batch, info = buf.sample(1, 7, 1.0, **SIZES)
   assert info["with_replacement"][0]  # 6 < K
-  assert set(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == set(range(50, 56))
+  assert set(batch.tokens[:, SIZES["layout"].prompt_len].tolist()) == set(range(50, 56))
 
 
 def test_mark_sync_windows_hold_the_prompts_refreshed_between_syncs():
@@ -336,7 +337,7 @@ def test_entry_draws_follow_the_reward_softmax_uniform_mixture():
   n = 0
   for _ in range(150):
     batch, _ = buf.sample(40, 2, 0.0, reward_tau=tau, reward_weight=w, **SIZES)
-    idx = batch.tokens[:, SIZES["max_prompt_len"]].reshape(40, 2) - 10  # entry index per row
+    idx = batch.tokens[:, SIZES["layout"].prompt_len].reshape(40, 2) - 10  # entry index per row
     np.add.at(first, idx[:, 0], 1)
     np.add.at(pair, idx.ravel(), 1)
     n += 40
@@ -356,7 +357,7 @@ def test_default_entry_draws_are_uniform():
   counts, n = np.zeros(4), 0
   for _ in range(100):
     batch, _ = buf.sample(40, 1, 0.0, **SIZES)
-    np.add.at(counts, batch.tokens[:, SIZES["max_prompt_len"]] - 10, 1)
+    np.add.at(counts, batch.tokens[:, SIZES["layout"].prompt_len] - 10, 1)
     n += 40
   assert all(binomial_ok(c, n, 0.25) for c in counts), counts / n
 
@@ -391,7 +392,7 @@ def test_without_dedup_identical_completions_stay_apart_and_only_fresh_ones_are_
   assert len(buf) == k and buf.stats()["num_replaced"] == 0
   batch, info = buf.sample(1, k, 1.0, **SIZES)
   assert info["versions"].tolist() == [1] * k and not info["with_replacement"][0]
-  assert sorted(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == [5, 5, 6, 7]
+  assert sorted(batch.tokens[:, SIZES["layout"].prompt_len].tolist()) == [5, 5, 6, 7]
   restored = ReplayBuffer(max_per_prompt=k, dedup=False)
   restored.load_state_dict(buf.state_dict())
   assert_same_entries(restored.entries(), buf.entries())
@@ -465,7 +466,7 @@ def test_concurrent_add_sample_sync_and_save_keep_invariants():
       batch, info = buf.sample(4, 3, 0.5, **SIZES)
       assert batch.tokens.shape == (12, 14)
       np.testing.assert_array_equal(batch.prompt_ids, np.repeat(info["prompt_ids"], 3))
-      assert np.all(batch.attention_mask[:, SIZES["max_prompt_len"]] == 1)
+      assert np.all(batch.attention_mask[:, SIZES["layout"].prompt_len] == 1)
 
   def syncer():
     while not stop.is_set():
@@ -589,7 +590,7 @@ def test_log_target_priority_draws_by_softmax_of_ref_logprob_plus_reward_over_be
   counts, n = np.zeros(3), 3000
   for _ in range(n):
     batch, _ = buf.sample(1, 1, 0.0, reward_weight=1.0, **SIZES)
-    counts[batch.tokens[0, SIZES["max_prompt_len"]] - 10] += 1
+    counts[batch.tokens[0, SIZES["layout"].prompt_len] - 10] += 1
   scores = refs + rewards / beta  # -6, -9.4, -7
   p = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
   assert all(binomial_ok(c, n, q) for c, q in zip(counts, p)), (counts / n, p)
@@ -643,7 +644,7 @@ def test_states_saved_before_temperature_last_version_windows_and_the_cap_existe
   # entries (the current state: only its newest window's one).
   for b, want in ((buf, [12]), (restored, [10, 12])):
     batch, _ = b.sample(1, len(want), 1.0, rng=np.random.default_rng(0), **SIZES)
-    assert sorted(batch.tokens[:, SIZES["max_prompt_len"]].tolist()) == want
+    assert sorted(batch.tokens[:, SIZES["layout"].prompt_len].tolist()) == want
 
 
 def _levenshtein(a, b):

@@ -5,8 +5,10 @@ import time
 import numpy as np
 import pytest
 
+from tba_jax.batch import Layout
 from tba_jax.entries import Entry
 from tba_jax.replay_buffer import ReplayBuffer
+from tba_jax.schedule import Schedule
 from tba_jax.searcher import PromptStream, SearchStats
 from tba_jax.searcher_pool import SearcherError, SearcherPool
 from tba_jax.weight_sync import Mailbox
@@ -61,15 +63,15 @@ class FakeSearcher:
     self.buffer.add_many(entries)
 
 
-def _pool(*searchers, max_restarts=0):
+def _pool(*searchers, max_restarts=0, schedule=Schedule()):
   placed = []
 
   def publish(params, i):
     placed.append(i)
     return (params, i)  # "on searcher i's devices"
 
-  return SearcherPool(list(searchers), publish=publish, max_prompt_len=4, max_completion_len=4,
-                      max_restarts=max_restarts), placed
+  return SearcherPool(list(searchers), publish=publish, layout=Layout(4, 4),
+                      max_restarts=max_restarts, schedule=schedule), placed
 
 
 def _wait(condition, timeout=30):
@@ -202,3 +204,24 @@ def test_a_round_never_samples_fewer_prompts_than_asked(num_prompts):
   pool, _ = _pool(FakeSearcher(0), FakeSearcher(1), FakeSearcher(2))
   pool.search_round(num_prompts)
   assert sum(s.calls * s.num_prompts for s in pool.searchers) >= num_prompts
+
+
+def test_the_schedule_decides_when_rounds_run_and_when_a_sync_merges():
+  alternate, _ = _pool(FakeSearcher(0), schedule=Schedule.of("alternate", 2, 2, 1.0))
+  buffer = ReplayBuffer()
+  assert not alternate.prefill(buffer) and len(buffer) == 2  # one round of B = 2 prompts
+  rounds = []
+  for step in range(5):
+    before = len(buffer)
+    assert not alternate.before_step(step, buffer)
+    rounds.append(len(buffer) - before)
+    assert not alternate.sync(step + 1, "params", buffer)  # publishes, never merges
+  assert rounds == [0, 0, 4, 0, 4]  # at steps 2 and 4: k x B x m = 4 prompts
+  assert alternate.searchers[0].mailbox.version == 4
+  asynchronous, _ = _pool(FakeSearcher(1))
+  asynchronous.start()
+  assert _wait(lambda: asynchronous.searchers[0].stats.num_samples >= 4)
+  buffer = ReplayBuffer()
+  assert not asynchronous.before_step(2, buffer) and len(buffer) == 0  # no rounds
+  assert not asynchronous.sync(1, "params", buffer) and len(buffer) > 0  # k = 1: merged
+  asynchronous.stop()

@@ -6,7 +6,7 @@ import pytest
 from tba_jax import sharding, weight_sync
 from tba_jax.model import init_params
 from tba_jax.sampler import Sampler
-from tba_jax.searcher import PromptStream, Searcher
+from tba_jax.searcher import PromptStream, Searcher, StaticRows
 from tba_jax.tasks import Problem
 
 PROMPTS = {0: [5, 6, 7], 1: [8, 9], 2: [10]}
@@ -17,10 +17,11 @@ def _searcher(cfg, reward, policy_seed=1, reference_seed=0, num_prompts=2, num_s
   place = lambda p: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
   reference, policy = place(init_params(cfg, reference_seed)), place(init_params(cfg, policy_seed))
   searcher = Searcher(
-      0, sampler=Sampler(cfg, max_new_tokens=6, temperature=0.8, eos_ids=(3,), mesh=mesh),
+      0, rows=StaticRows(Sampler(cfg, max_new_tokens=6, temperature=0.8, eos_ids=(3,),
+                                 mesh=mesh)),
       ref_params=reference, mailbox=weight_sync.Mailbox(3, policy),
       stream=PromptStream(list(PROMPTS), seed=0), prompt_tokens=PROMPTS,
-      problems={i: Problem(i, f"q{i}", "", float(i)) for i in PROMPTS},
+      problems={i: Problem(i, {"question": f"q{i}"}, float(i)) for i in PROMPTS},
       decode=lambda ids: " ".join(map(str, ids)), reward=reward, num_prompts=num_prompts,
       num_samples=num_samples, max_prompt_len=4, seed=0)
   return searcher, policy
@@ -151,7 +152,7 @@ def test_load_snapshot_returns_the_entries_to_the_next_drain(tiny_cfg):
   other, _ = _searcher(tiny_cfg, lambda batch: np.zeros(len(batch), np.float32))
   other.load_snapshot(entries, state)
   assert [e.prompt_id for e in other.buffer.drain_new()] == [e.prompt_id for e in entries]
-  assert other.stats.num_samples == 4 and other.num_batches == 1
+  assert other.stats.num_samples == 4 and other.rows.num_batches == 1
   assert other.stream.take(2) == searcher.stream.take(2)
 
 

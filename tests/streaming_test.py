@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 
 from tba_jax import sharding, weight_sync
+from tba_jax.batch import Layout
 from tba_jax.model import init_params
 from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.sampler import Sampler
-from tba_jax.searcher import PromptStream, Searcher
-from tba_jax.streaming import StreamingSearcher
+from tba_jax.searcher import PromptStream, Searcher, StaticRows
+from tba_jax.streaming import StreamingRows
 from tba_jax.tasks import Problem
 
 # 20 prompts of 1-3 tokens (ids 5..24). EOS: 20 of the 128 ids, so rows end at ragged lengths.
@@ -36,18 +37,17 @@ def _searcher(cfg, *, num_slots=None, reward=None, mailbox=None, num_prompts=2, 
   mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
   place = lambda p: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
   reference, policy = place(init_params(cfg, 0)), place(init_params(cfg, 1))
-  sampler = Sampler(cfg, max_new_tokens=6, temperature=0.8, eos_ids=EOS, mesh=mesh,
-                    num_slots=num_slots, chunk_steps=chunk_steps)
-  kwargs = dict(
-      sampler=sampler, ref_params=reference, mailbox=mailbox or weight_sync.Mailbox(3, policy),
+  sampler = Sampler(cfg, max_new_tokens=6, temperature=0.8, eos_ids=EOS, mesh=mesh)
+  rows = (StreamingRows(sampler, num_slots=num_slots, chunk_steps=chunk_steps,
+                        in_flight_updates=in_flight_updates) if num_slots else
+          StaticRows(sampler))
+  return Searcher(
+      0, rows=rows, ref_params=reference, mailbox=mailbox or weight_sync.Mailbox(3, policy),
       stream=PromptStream(list(ids), seed=0), prompt_tokens=PROMPTS,
-      problems={i: Problem(i, f"q{i}", "", float(i)) for i in PROMPTS},
+      problems={i: Problem(i, {"question": f"q{i}"}, float(i)) for i in PROMPTS},
       decode=lambda t: " ".join(map(str, t)),
       reward=reward or (lambda batch: np.array([len(c) / 10 for c in batch.completions])),
       num_prompts=num_prompts, num_samples=num_samples, max_prompt_len=4, seed=0)
-  if num_slots:
-    return StreamingSearcher(0, in_flight_updates=in_flight_updates, **kwargs)
-  return Searcher(0, **kwargs)
 
 
 def _groups(entries, s):
@@ -73,7 +73,7 @@ def test_entries_equal_the_static_searchers_when_weights_do_not_change(tiny_cfg)
     got.update(_groups(streaming.buffer.drain_new(), 3))
     if set(want) <= set(got):
       break
-  assert streaming._slots.stats.refills >= 4  # 3 slots, 12 rows
+  assert streaming.rows._slots.stats.refills >= 4  # 3 slots, 12 rows
   assert len({e.length for es in want.values() for e in es}) > 2  # rows ended at ragged lengths
   for pid, entries in want.items():
     for a, b in zip(entries, got[pid]):
@@ -99,7 +99,7 @@ def _version_run(cfg, in_flight_updates, num_samples=2):
   for _ in range(3):
     searcher.search_once()
     entries += searcher.buffer.drain_new()
-  assert searcher._slots.version == 4
+  assert searcher.rows._slots.version == 4
   return entries
 
 
@@ -122,8 +122,7 @@ def test_a_streamed_group_spanning_two_versions_is_one_generation_for_the_m_bran
   buf = ReplayBuffer(dedup=False)
   buf.add_many(entries)  # one merge: one sync window
   buf.mark_sync()
-  batch, info = buf.sample(len(groups), 3, 1.0, max_prompt_len=4, max_completion_len=6,
-                           pad_id=0)
+  batch, info = buf.sample(len(groups), 3, 1.0, layout=Layout(4, 6, 0))
   assert info["from_latest"].all() and not info["with_replacement"].any()
   slot = list(info["prompt_ids"]).index(split[0])
   assert sorted(batch.versions[3 * slot:3 * slot + 3].tolist()) == \
@@ -157,7 +156,7 @@ def test_a_snapshot_requeues_unfinished_groups_and_a_resume_samples_them_first(t
   back = resumed.buffer.drain_new()
   assert [(e.prompt_id, e.completion.tolist()) for e in back] == \
       [(e.prompt_id, e.completion.tolist()) for e in entries]
-  assert resumed.num_groups == state["num_groups"]
+  assert resumed.rows.num_groups == state["num_groups"]
   resumed.search_once()
   later = resumed.buffer.drain_new()
   after = list(_groups(later, 2))
@@ -196,10 +195,7 @@ def test_a_restart_drops_the_slots_and_requeues_their_prompts_in_order(tiny_cfg)
 
 def test_a_streaming_searcher_needs_slots(tiny_cfg):
   with pytest.raises(ValueError, match="num_slots"):
-    StreamingSearcher(0, sampler=Sampler(tiny_cfg, max_new_tokens=2), ref_params=None,
-                      mailbox=None, stream=PromptStream([0], 0), prompt_tokens={},
-                      problems={}, decode=str, reward=None, num_prompts=1, num_samples=1,
-                      max_prompt_len=4, seed=0)
+    StreamingRows(Sampler(tiny_cfg, max_new_tokens=2), num_slots=0)
 
 
 @pytest.mark.parametrize("num_devices,in_flight", [(2, True), (1, False)])  # async; alternate
@@ -244,8 +240,8 @@ def test_the_config_builds_streaming_searchers_and_names_a_slot_count_that_canno
         in_flight_updates=in_flight)
 
   (searcher,) = pool(4, False).searchers
-  assert isinstance(searcher, StreamingSearcher) and not searcher.in_flight_updates
-  assert searcher.sampler.num_slots == 4
-  assert type(pool(0, True).searchers[0]) is Searcher
+  assert isinstance(searcher.rows, StreamingRows) and not searcher.rows.in_flight_updates
+  assert searcher.rows.num_slots == 4
+  assert type(pool(0, True).searchers[0].rows) is StaticRows
   with pytest.raises(ConfigError, match="sampler.num_slots=3: .*multiple of the mesh's data"):
     pool(3, True)

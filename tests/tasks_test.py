@@ -53,8 +53,8 @@ def test_reward_compares_as_floats():
 def test_load_local_jsonl_directory_and_file(tmp_path):
   problems = gsm8k.load("test", DATA + "/gsm8k_test.jsonl")
   assert len(problems) == 20 and problems[0].id == 0
-  assert problems[0].question.startswith("Janet")
-  assert problems[0].gold == 18.0
+  assert problems[0].fields["question"].startswith("Janet")
+  assert problems[0].target == 18.0
   assert gsm8k.load("test", DATA + "/gsm8k_test.jsonl", limit=3)[2] == problems[2]
   (tmp_path / "test.jsonl").write_text(open(DATA + "/gsm8k_test.jsonl").read())
   assert gsm8k.load("test", str(tmp_path)) == problems
@@ -73,14 +73,14 @@ def test_paper_prompt_format():
 def test_arithmetic_task_is_seeded_disjoint_and_answer_formatted():
   train, test = arithmetic.make_problems("+*", 2, 9, seed=0, test_fraction=0.25)
   assert len(train) + len(test) == 2 * 64 and len(test) == 32
-  assert not {p.question for p in train} & {p.question for p in test}
+  assert not {p.fields["question"] for p in train} & {p.fields["question"] for p in test}
   again, _ = arithmetic.make_problems("+*", 2, 9, seed=0, test_fraction=0.25)
   assert again == train
   for p in train + test:
-    a, op, b = p.question.removeprefix("What is ").removesuffix("?").split()
-    assert p.gold == (int(a) * int(b) if op == "*" else int(a) + int(b))
-    assert gsm8k.gold_answer(p.answer) == p.gold
-    assert gsm8k.reward(f"The answer is {int(p.gold)}.", p.gold) == 1.0
+    a, op, b = p.fields["question"].removeprefix("What is ").removesuffix("?").split()
+    assert p.target == (int(a) * int(b) if op == "*" else int(a) + int(b))
+    assert gsm8k.gold_answer(p.fields["answer"]) == p.target
+    assert gsm8k.reward(f"The answer is {int(p.target)}.", p.target) == 1.0
   with pytest.raises(ValueError, match="ops"):
     arithmetic.make_problems("/", 2, 9, seed=0, test_fraction=0.25)
 

@@ -7,11 +7,11 @@ import jax
 import numpy as np
 import pytest
 
-from tba_jax import config_builders, hf_checkpoints, rewards, sharding
+from tba_jax import config_builders, hf_checkpoints, sharding
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.errors import DataError
 from tba_jax.evaluation import Policy
-from tba_jax.tasks import Problem, tldr
+from tba_jax.tasks import Problem, RewardBatch, tldr
 
 EOS, PAD = 0, 1  # Pythia's, and pythia_bytes'
 
@@ -75,8 +75,8 @@ def test_queries_longer_than_the_limit_are_dropped_and_ids_stay_row_indices(tok)
   rows = [_row("a" * (512 - head)), _row("b" * (513 - head)), _row("c")]
   problems, dropped = tldr.to_problems(rows, tok, max_prompt_len=512)
   assert dropped == 1 and [p.id for p in problems] == [0, 2]
-  assert len(tok.encode(problems[0].question)) == 512
-  assert problems[1] == Problem(2, rows[2]["query"], " it<|endoftext|>", 0.0)
+  assert len(tok.encode(problems[0].fields["query"])) == 512
+  assert problems[1] == Problem(2, {"query": rows[2]["query"], "reference": " it<|endoftext|>"})
 
 
 def test_build_task_reads_the_tiny_data_with_the_filter_and_the_query_as_prompt(tok):
@@ -86,10 +86,10 @@ def test_build_task_reads_the_tiny_data_with_the_filter_and_the_query_as_prompt(
   assert (len(task.train), len(task.test)) == (11, 4)  # one long post dropped (256 tokens)
   assert 11 not in [p.id for p in task.train]
   p = task.test[0]
-  assert task.prompt(p) == p.question and p.question.endswith("\n\nTL;DR:")
+  assert task.prompt(p) == p.fields["query"] and p.fields["query"].endswith("\n\nTL;DR:")
   assert isinstance(task.reward, tldr.Reward) and task.reward.no_eos_reward == -1.0
   ids = config_builders.encode_prompts(task.test, task, tok, c.task.max_prompt_len)[p.id]
-  assert ids == tok.encode(p.question)  # no special tokens added
+  assert ids == tok.encode(p.fields["query"])  # no special tokens added
 
 
 def test_pythia_special_ids_are_picked_up_and_a_tokenizer_without_pad_is_refused(tmp_path, tok):
@@ -132,7 +132,7 @@ def test_reward_is_the_score_at_the_eos_token_and_minus_one_without_eos(tmp_path
   completions = [np.array(tok.encode(" short") + [EOS]), np.array(tok.encode(" cut off here")),
                  np.array(tok.encode(" x") + [EOS])]
   ended = np.array([True, False, True])
-  got = score(rewards.RewardBatch(problems=[Problem(i, "", "", 0.0) for i in range(3)],
+  got = score(RewardBatch(problems=[Problem(i, {"query": ""}) for i in range(3)],
                                   prompts=prompts, completions=completions, ended_with_eos=ended,
                                   texts=["", "", ""]))
   for r in (0, 2):  # TRL's get_reward: the score at the EOS token, prompt + completion attended
@@ -206,11 +206,11 @@ def test_evaluation_matches_the_authors_win_rate_perplexity_and_kl(tmp_path, tok
   summaries = [" vet trip bad", " rent up", " a TL;DR: again", " x"]
   completions_text = [" cat vs vet<|endoftext|>", " cut off, no end",
                       " also TL;DR: twice<|endoftext|>", "<|endoftext|>"]
-  problems = [Problem(i, _query(p), f"{s}<|endoftext|>", 0.0)
+  problems = [Problem(i, {"query": _query(p), "reference": f"{s}<|endoftext|>"})
               for i, (p, s) in enumerate(zip(posts, summaries))]
   completions = [np.array(tok.encode(t)) for t in completions_text]
-  batch = rewards.RewardBatch(
-      problems=problems, prompts=[tok.encode(p.question) for p in problems],
+  batch = RewardBatch(
+      problems=problems, prompts=[tok.encode(p.fields["query"]) for p in problems],
       completions=completions, ended_with_eos=np.array([c[-1] == EOS for c in completions]),
       texts=[""] * 4)
   metrics = tldr.Evaluation(gold_path, tok).build(mesh)
@@ -222,9 +222,9 @@ def test_evaluation_matches_the_authors_win_rate_perplexity_and_kl(tmp_path, tok
   want = {k: [] for k in ("perplexity", "perplexity_per_token", "kl", "win_rate")}
   for p, text in zip(problems, completions_text):
     ppl, per_token, kl = _authors_ppl_and_kl(policy_hf, reference_hf,
-                                             tok.encode(p.question + text), marker)
+                                             tok.encode(p.fields["query"] + text), marker)
     with torch.no_grad():
-      generated, ref = gold(p.question + text), gold(p.question.strip() + p.answer)
+      generated, ref = gold(p.fields["query"] + text), gold(p.fields["query"].strip() + p.fields["reference"])
     for k, v in zip(want, (ppl, per_token, kl, float(generated > ref))):
       want[k].append(v)
     want.setdefault("gold_reward", []).append(generated)

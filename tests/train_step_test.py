@@ -28,7 +28,7 @@ def np_params(cfg, seed):
 
 @functools.partial(jax.jit, static_argnums=0)
 def token_logprobs(cfg, params, batch):
-  return ts.completion_token_logprobs(cfg, params, batch.tokens, batch.attention_mask, TC,
+  return model.completion_token_logprobs(cfg, params, batch.tokens, batch.attention_mask, TC,
                                       TEMPERATURE)
 
 
@@ -421,7 +421,7 @@ def test_entropy_and_policy_drift_diagnostics(tiny_cfg):
          * mask).sum(1)
   assert gap.std() > 0.1 and m_stale["policy_drift"] == pytest.approx(np.abs(gap).mean(),
                                                                          rel=1e-4)
-  logits = jax.jit(ts.completion_logits, static_argnums=(0, 4))(
+  logits = jax.jit(model.completion_logits, static_argnums=(0, 4))(
       tiny_cfg, params, fresh.tokens, fresh.attention_mask, TC)
   z = np.asarray(logits, np.float64) / TEMPERATURE
   p = np.exp(z - z.max(-1, keepdims=True))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tba_jax import verifiers
-from tba_jax.rewards import RewardBatch
+from tba_jax.tasks import RewardBatch
 from tba_jax.tasks import Problem
 
 # (completion, gold, paper_regex's verdict, math_verify's verdict)
@@ -87,7 +87,7 @@ def test_gold_text_writes_numbers_as_math_verify_reads_them():
 
 
 def test_reward_stage_scores_a_batch_by_its_problems_golds():
-  problems = [Problem(0, "q", "a", 0.5), Problem(1, "q", "a", "\\frac{3}{4}")]
+  problems = [Problem(0, {"question": "q"}, 0.5), Problem(1, {"question": "q"}, "\\frac{3}{4}")]
   batch = RewardBatch(problems=problems, prompts=[[1], [1]],
                       completions=[np.array([1]), np.array([1])],
                       ended_with_eos=np.array([True, True]),

@@ -1,9 +1,25 @@
-"""Tasks: problems, prompt formats and rewards (pure Python)."""
+"""Tasks: problems, prompts and reward stages, the types every task is made of.
+
+  Problem(id, fields, target)    # one problem: the fields its prompt is made from, a target
+  Task(train, test, prompt, reward, ...)
+  score = task.reward.build(mesh)   # a RewardStage: loads any models onto `mesh`, jits them
+  rewards = score(batch)            # RewardBatch (N completions) -> float32 [N]
+
+A reward stage is anything with `build(mesh) -> fn(RewardBatch) -> rewards`: a rule in
+Python (`TextReward`, GSM8K's answer check), a reward model's score
+(tasks/model_rewards.py), or a victim model's replies scored by a classifier
+(tasks/redteam.py). Each searcher builds it once, on its own devices, and calls what
+it gets on every batch it samples (the evaluator the same on its devices); a stage sees
+whole batches, so model calls are batched and jitted; the searcher never knows which
+kind it holds.
+"""
 
 import dataclasses
 import json
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import numpy as np
 
 from tba_jax.errors import DataError, UserError
 
@@ -12,9 +28,50 @@ from tba_jax.errors import DataError, UserError
 class Problem:
   """One training or test problem of a task."""
   id: int  # stable within a split: the replay buffer's prompt id
-  question: str
-  answer: str  # full reference solution, "... #### 42"
-  gold: float | str  # the gold answer: GSM8K's number; MATH's LaTeX string ("\\frac{1}{2}")
+  # What the task's prompt is made from: GSM8K / MATH / arithmetic {"question", "answer"
+  # (the reference solution)}, TL;DR {"query", "reference"}, red-teaming {"prompt"}.
+  fields: Mapping[str, Any]
+  # What a rule-based reward checks a completion against: GSM8K's number, MATH's LaTeX
+  # string ("\\frac{1}{2}"); None where a model scores the completion.
+  target: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardBatch:
+  """N completions, one row each (a searcher batch is prompt-major: S rows per prompt)."""
+  problems: Sequence[Problem]        # [N] the task data of each row's prompt
+  prompts: Sequence[Sequence[int]]   # [N] prompt token ids, as sampled (BOS included)
+  completions: Sequence[np.ndarray]  # [N] completion token ids, the EOS token included
+  ended_with_eos: np.ndarray         # [N] bool; False = cut off at the length limit
+  texts: Sequence[str]               # [N] decoded completions (special tokens skipped)
+
+  def __len__(self) -> int:
+    return len(self.problems)
+
+
+RewardFn = Callable[[RewardBatch], np.ndarray]  # -> float32 [N]
+
+
+class RewardStage(Protocol):
+  def build(self, mesh) -> RewardFn:
+    """The scorer for one searcher (or the evaluator) on `mesh`, a searcher mesh."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TextReward:
+  """fn(completion text, problem target) -> reward, in Python, per completion (GSM8K's 0/1
+  check)."""
+  fn: Callable[[str, Any], float]
+
+  def build(self, mesh) -> RewardFn:
+    del mesh  # no devices involved
+    return lambda batch: np.array([self.fn(text, problem.target) for text, problem
+                                   in zip(batch.texts, batch.problems)], np.float32)
+
+
+def as_stage(reward: RewardStage | Callable[[str, Any], float]) -> RewardStage:
+  """A RewardStage as it is; a plain (text, target) -> float function as a TextReward."""
+  return reward if hasattr(reward, "build") else TextReward(reward)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +96,9 @@ class Task:
   train: Sequence[Problem]
   test: Sequence[Problem]
   prompt: Callable[[Problem], str]  # the text the model continues
-  # A reward stage (tba_jax.rewards: built on each searcher's devices, scores whole batches),
-  # or a plain (completion text, gold answer) -> float function (a rewards.TextReward).
-  reward: Any
+  # A reward stage (module doc: built on each searcher's devices, scores whole batches), or
+  # a plain (completion text, problem target) -> float function (a TextReward).
+  reward: RewardStage | Callable[[str, Any], float]
   # True: prompt texts are rendered by the tokenizer's chat template and carry its special
   # tokens, so tokenizing them adds none (Tokenizer.encode_prompt).
   templated_prompts: bool = False

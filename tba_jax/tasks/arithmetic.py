@@ -35,8 +35,8 @@ def make_problems(ops: str, low: int, high: int, *, seed: int, test_fraction: fl
   def problem(i, k):
     a, op, b = triples[k]
     result = _OPS[op](a, b)
-    return Problem(i, template.format(a=a, op=op, b=b), f"{a} {op} {b} = {result}\n#### {result}",
-                   float(result))
+    return Problem(i, {"question": template.format(a=a, op=op, b=b),
+                       "answer": f"{a} {op} {b} = {result}\n#### {result}"}, float(result))
 
   test = [problem(i, k) for i, k in enumerate(order[:num_test])]
   train = [problem(i, k) for i, k in enumerate(order[num_test:])]

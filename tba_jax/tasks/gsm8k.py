@@ -10,10 +10,10 @@ and "+7" is 7; a decimal with an exponent splits ("1.5e3" reads 1.5, then 3), an
 """
 from __future__ import annotations
 
-import re
-
 from tba_jax.errors import DataError
 from tba_jax.tasks import Metric, Problem, read_records, split_file
+# GSM8K's answer check (the paper's regex) lives with the other verifiers.
+from tba_jax.verifiers import extract_answer, reward  # noqa: F401 (public here too)
 
 PAPER_PROMPT = "[MATH TASK] Problem:\n{question}\n\nSolution:\n"
 HUB_ID = "openai/gsm8k"
@@ -23,13 +23,6 @@ REWARD_METRIC = Metric("reward_mean", "train reward: share of correct answers in
                        "fraction")
 HEADLINE = (Metric("eval/sampled_pass@1", "held-out accuracy, sampled (pass@1)", "fraction"),
             Metric("eval/greedy_pass@1", "held-out accuracy, greedy", "fraction"))
-_NUMBER = re.compile(r"(?:[+-]?\d+\.\d*|[+-]?\.\d+|[+-]?\d+e[-+]?\d+|[+-]?\d+)")
-
-
-def extract_answer(text: str) -> float | None:
-  """The last number in `text` (commas removed), or None when there is none."""
-  numbers = _NUMBER.findall(text.replace(",", ""))
-  return float(numbers[-1]) if numbers else None  # every match parses as a float
 
 
 def gold_answer(answer: str) -> float:
@@ -40,12 +33,6 @@ def gold_answer(answer: str) -> float:
   if value is None:
     raise ValueError(f"GSM8K answer has no number after '####': {answer[-80:]!r}")
   return value
-
-
-def reward(completion: str, gold: float) -> float:
-  """1.0 when the completion's last number equals the gold answer, else 0.0."""
-  value = extract_answer(completion)
-  return float(value is not None and value == gold)
 
 
 def make_prompt(question: str, style: str, tokenizer=None, thinking: bool | None = None) -> str:
@@ -91,5 +78,5 @@ def load(split: str, path: str | None = None, limit: int | None = None) -> list[
       gold = gold_answer(row["answer"])
     except ValueError as e:
       raise DataError(f"{file}: row {i}: {e}") from None
-    problems.append(Problem(i, row["question"], row["answer"], gold))
+    problems.append(Problem(i, {"question": row["question"], "answer": row["answer"]}, gold))
   return problems

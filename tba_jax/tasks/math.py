@@ -80,5 +80,6 @@ def load(split: str, path: str | None = None, limit: int | None = None) -> list[
     if not gold:
       raise DataError(f"{file}: row {i} has no 'answer' and no \\boxed{{}} answer in its "
                        f"solution: {row['solution'][-80:]!r}")
-    problems.append(Problem(i, row["problem"], row["solution"], str(gold)))
+    problems.append(Problem(i, {"question": row["problem"], "answer": row["solution"]},
+                            str(gold)))
   return problems

@@ -57,12 +57,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from tba_jax import batch as batch_lib
-from tba_jax import hf_checkpoints, model, rewards, sharding
-from tba_jax.config_checks import ConfigError
-from tba_jax.errors import DataError
+from tba_jax import hf_checkpoints, model, sharding
+from tba_jax.errors import ConfigError, DataError
 from tba_jax.model_config import ModelConfig
-from tba_jax.sampler import _bucket
-from tba_jax.tasks import Metric, Problem, Task, read_records
+from tba_jax.tasks import Metric, Problem, RewardBatch, Task, read_records
+from tba_jax.tasks.model_rewards import ModelReward, Scorer
 
 HUB_ID = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
 MARKER = "TL;DR:"  # where the summary starts (the authors' prompt_template)
@@ -124,10 +123,11 @@ def to_problems(rows: Sequence[dict], tokenizer,
   """(Problems of the rows whose query is at most `max_prompt_len` tokens, number dropped).
 
   The query is tokenized with no special tokens, as the authors filter it; a Problem's
-  `question` is the query, its `answer` the reference summary (" ...<|endoftext|>").
+  fields are the `query` and the `reference` summary (" ...<|endoftext|>"); no target (a
+  reward model scores the completions).
   """
-  kept = [Problem(i, row["query"], row["reference_response"], 0.0) for i, row in enumerate(rows)
-          if len(tokenizer.encode(row["query"])) <= max_prompt_len]
+  kept = [Problem(i, {"query": row["query"], "reference": row["reference_response"]})
+          for i, row in enumerate(rows) if len(tokenizer.encode(row["query"])) <= max_prompt_len]
   return kept, len(rows) - len(kept)
 
 
@@ -162,7 +162,7 @@ def _random_params(cfg: ModelConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class Reward(rewards.ModelReward):
+class Reward(ModelReward):
   """The training reward (module docstring); `path` may be "random"."""
   vocab_size: int = 0  # the tokenizer's: the random classifier's vocabulary
 
@@ -215,8 +215,8 @@ def suffix_stats(model_config, params, reference_config, reference,
   """(NLL sums [N], KL sums [N]) of the (prefix, suffix) token rows on `mesh` (params and
   reference already there, each of its config); one prefix / suffix bucket for all rows,
   so one compile."""
-  tp = _bucket(max(len(p) for p, _ in rows), LENGTH_BUCKETS, "TL;DR prefix length")
-  tc = _bucket(max(len(s) for _, s in rows), LENGTH_BUCKETS, "TL;DR summary length")
+  tp = batch_lib.bucket(max(len(p) for p, _ in rows), LENGTH_BUCKETS, "TL;DR prefix length")
+  tc = batch_lib.bucket(max(len(s) for _, s in rows), LENGTH_BUCKETS, "TL;DR summary length")
   b = -(-STATS_ROWS // sharding.batch_size_multiple("searcher", mesh)) * \
       sharding.batch_size_multiple("searcher", mesh)
   place = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", mesh, 2))
@@ -224,8 +224,8 @@ def suffix_stats(model_config, params, reference_config, reference,
   for start in range(0, len(rows), b):
     chunk = list(rows[start:start + b])
     chunk += [([pad_id], [])] * (b - len(chunk))  # padding rows: nothing counted
-    tokens, mask = batch_lib.token_rows([p for p, _ in chunk], [s for _, s in chunk], tp, tc,
-                                        pad_id)
+    tokens, mask = batch_lib.token_rows([p for p, _ in chunk], [s for _, s in chunk],
+                                        batch_lib.Layout(tp, tc, pad_id))
     out = _suffix_stats(params, reference, place(tokens), place(mask), model_config=model_config,
                         reference_config=reference_config, prefix_len=tp)
     n = min(b, len(rows) - start)
@@ -251,7 +251,7 @@ class Evaluation:
       devices = jax.local_devices()
       gold_mesh = sharding.make_mesh("searcher", devices, tensor=len(devices))
     cfg, params = load_classifier(self.gold_path, gold_mesh, tok.vocab_size, self.dtype)
-    gold = rewards.Scorer(cfg, params, gold_mesh, pad_id=tok.pad_id,
+    gold = Scorer(cfg, params, gold_mesh, pad_id=tok.pad_id,
                           length_buckets=LENGTH_BUCKETS, batch_buckets=(GOLD_ROWS,))
     eos, marker = tok.eos_ids[0], tok.encode(MARKER)
     reference_scores: dict[int, float] = {}  # problem id -> gold score of its reference
@@ -261,16 +261,17 @@ class Evaluation:
       return np.concatenate([gold(seqs[i:i + GOLD_ROWS])[:, 0]
                              for i in range(0, len(seqs), GOLD_ROWS)]).astype(np.float64)
 
-    def metrics(batch: rewards.RewardBatch, policy) -> dict:
+    def metrics(batch: RewardBatch, policy) -> dict:
       # The text the authors score: vLLM's prompt + output text, special tokens kept and no
       # clean-up of spaces, re-tokenized.
-      texts = [p.question + tok.hf.decode([int(t) for t in c], skip_special_tokens=False,
+      texts = [p.fields["query"] + tok.hf.decode([int(t) for t in c], skip_special_tokens=False,
                                           clean_up_tokenization_spaces=False)
                for p, c in zip(batch.problems, batch.completions)]
       ids = [tok.encode(t) for t in texts]
       new = {p.id: p for p in batch.problems if p.id not in reference_scores}
       if new:  # the references' scores do not depend on the policy: computed once
-        refs = [tok.encode(p.question.strip() + p.answer) for p in new.values()]
+        refs = [tok.encode(p.fields["query"].strip() + p.fields["reference"])
+                for p in new.values()]
         reference_scores.update(zip(new, gold_scores(refs)))
       generated = gold_scores(ids)
       reference = np.array([reference_scores[p.id] for p in batch.problems])
@@ -304,7 +305,7 @@ def make_task(train: Sequence[Problem], test: Sequence[Problem], tokenizer, *, r
               gold_reward_model: str, dtype: str = "float32") -> Task:
   """The TL;DR Task: prompts are the queries, the reward and evaluation as above."""
   return Task(
-      train=train, test=test, prompt=lambda p: p.question,
+      train=train, test=test, prompt=lambda p: p.fields["query"],
       reward=Reward(reward_model, no_eos_reward=-1.0, dtype=dtype, pad_id=tokenizer.pad_id,
                     vocab_size=tokenizer.vocab_size),
       evaluation=Evaluation(gold_reward_model, tokenizer, dtype), name="tldr",

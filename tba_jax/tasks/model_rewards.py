@@ -1,72 +1,26 @@
-"""Reward stages: how a searcher scores its completions.
+"""Model-scored reward stages: a sequence-classification model on a searcher mesh.
 
-A task's `reward` is a RewardStage. Each searcher builds it once, on its own
-devices, and calls what it gets on every batch it samples; the evaluator does
-the same on the evaluation devices:
+  scorer = Scorer(cfg, params, mesh)         # token lists -> scores, bucketed and jitted
+  stage = ModelReward("/path/to/reward_model", label=0, no_eos_reward=None)  # a RewardStage
 
-    score = task.reward.build(mesh)   # loads any models onto `mesh`, jits their programs
-    rewards = score(batch)            # RewardBatch (N completions) -> float32 [N]
-
-Anything with that shape fits the slot: a rule in Python (`TextReward`, GSM8K's
-answer check), a reward model's score (`ModelReward`), or a victim model's
-replies scored by a classifier (tasks/redteam.py). A stage sees whole batches,
-so model calls are batched and jitted; the searcher never knows which kind it
-holds.
+TL;DR's reward models (tasks/tldr.py) and red-teaming's judges and embedder
+(tasks/redteam.py) are built on these.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Protocol, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
 
 from tba_jax import hf_checkpoints, model, sharding
+from tba_jax.batch import bucket, left_pad, right_pad
 from tba_jax.model_config import EncoderConfig
-from tba_jax.sampler import DEFAULT_BATCH_BUCKETS, DEFAULT_PROMPT_BUCKETS, _bucket
-from tba_jax.tasks import Problem
+from tba_jax.sampler import DEFAULT_BATCH_BUCKETS, DEFAULT_PROMPT_BUCKETS
+from tba_jax.tasks import RewardBatch, RewardFn
 
 
-@dataclasses.dataclass(frozen=True)
-class RewardBatch:
-  """N completions, one row each (a searcher batch is prompt-major: S rows per prompt)."""
-  problems: Sequence[Problem]        # [N] the task data of each row's prompt
-  prompts: Sequence[Sequence[int]]   # [N] prompt token ids, as sampled (BOS included)
-  completions: Sequence[np.ndarray]  # [N] completion token ids, the EOS token included
-  ended_with_eos: np.ndarray         # [N] bool; False = cut off at the length limit
-  texts: Sequence[str]               # [N] decoded completions (special tokens skipped)
-
-  def __len__(self) -> int:
-    return len(self.problems)
-
-
-RewardFn = Callable[[RewardBatch], np.ndarray]  # -> float32 [N]
-
-
-class RewardStage(Protocol):
-  def build(self, mesh) -> RewardFn:
-    """The scorer for one searcher (or the evaluator) on `mesh`, a searcher mesh."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TextReward:
-  """fn(completion text, gold) -> reward, in Python, per completion (GSM8K's 0/1 check)."""
-  fn: Callable[[str, float], float]
-
-  def build(self, mesh) -> RewardFn:
-    del mesh  # no devices involved
-    return lambda batch: np.array([self.fn(text, problem.gold) for text, problem
-                                   in zip(batch.texts, batch.problems)], np.float32)
-
-
-def as_stage(reward: RewardStage | Callable[[str, float], float]) -> RewardStage:
-  """A RewardStage as it is; a plain (text, gold) -> float function as a TextReward."""
-  return reward if hasattr(reward, "build") else TextReward(reward)
-
-
-# ---------------------------------------------------------------------------
-# Model-scored rewards.
-# ---------------------------------------------------------------------------
 class Scorer:
   """A sequence-classification model on a searcher mesh: token lists -> scores.
 
@@ -94,14 +48,10 @@ class Scorer:
   def __call__(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
     """float32 [N, ...] (scores: [N, num_labels]) for N token lists (each non-empty)."""
     n = len(sequences)
-    b = _bucket(n, self.batch_buckets, "batch size")
-    t = _bucket(max(len(s) for s in sequences), self.length_buckets, "sequence length")
-    tokens = np.full((b, t), self.pad_id, np.int32)
-    mask = np.zeros((b, t), np.int32)
+    b = bucket(n, self.batch_buckets, "batch size")
+    t = bucket(max(len(s) for s in sequences), self.length_buckets, "sequence length")
+    tokens, mask = (left_pad if self.left else right_pad)(sequences, t, self.pad_id, num_rows=b)
     mask[n:, -1 if self.left else 0] = 1  # bucket padding rows: one (pad) token each
-    for r, seq in enumerate(sequences):
-      span = slice(t - len(seq), t) if self.left else slice(0, len(seq))
-      tokens[r, span], mask[r, span] = seq, 1
     rows = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.mesh, 2))
     out = self.fn(self.model_config, self.params, rows(tokens), rows(mask))
     return np.asarray(out, np.float32)[:n]
