@@ -99,7 +99,7 @@ import ml_collections
 
 from configs import gsm8k
 
-VARIANTS = ("gpt2", "llama", "tiny")
+VARIANTS = ("gpt2", "llama", "tiny", "cpu", "cpu_sync")
 
 
 def _common(c):
@@ -184,7 +184,38 @@ def _tiny(c):
   c.checkpoint.update(every=2)
 
 
-RECIPES = {"gpt2": _gpt2, "llama": _llama, "tiny": _tiny}
+def _cpu(c):
+  """The embedded default: SmolLM2 attacking SmolLM2, judged offline (module docstring)."""
+  _common(c)
+  # Stops at the first of: this many steps, or max_train_seconds of training (each
+  # evaluation of 64 attacks and the start-up come on top: module docstring).
+  c.num_train_steps = 200
+  c.max_train_seconds = 600.0
+  c.model.update(path="smollm2", dtype="float32", dropout=0.0)  # SmolLM2: no dropout
+  c.model.lora.update(rank=32, alpha=16.0, targets="q,v")  # Lee et al.'s (PEFT's llama default)
+  c.task.redteam.update(victim="smollm2", victim_dtype="float32", victim_prompt="chat",
+                        victim_temperature=0.7, victim_top_p=0.92, victim_max_new_tokens=24,
+                        num_replies=3, judge="profanity_check", judge_path="",
+                        embedder="smollm2")
+  c.mesh.update(num_cpu_devices=2, num_trainer_devices=1, num_searchers=1)
+  c.sampler.update(num_samples_per_prompt=16, explore_low=0.7)
+  c.searcher.update(mismatch_every=0)  # saves a forward pass per searcher batch
+  c.loss.update(target_temp_steps=10)
+  c.optim.update(learning_rate=5e-4, schedule="constant", warmup_steps=0)
+  c.buffer.update(samples_per_prompt=16, max_entries=10_000, freeze_step=0, prefill=16)
+  c.sync.update(every=2)
+  c.eval.update(num_samples=64, batch_size=64)
+  c.checkpoint.update(every=50)
+
+
+def _cpu_sync(c):
+  """cpu as Lee et al.'s synchronous GFlowNet: one searcher, then one step, in turn."""
+  _cpu(c)
+  c.sync.update(mode="alternate", every=1)
+
+
+RECIPES = {"gpt2": _gpt2, "llama": _llama, "tiny": _tiny, "cpu": _cpu,
+           "cpu_sync": _cpu_sync}
 assert tuple(RECIPES) == VARIANTS
 
 
