@@ -132,10 +132,13 @@ def test_redteam_tiny_runs_async_to_the_end_with_evaluations_and_an_export(tmp_p
   start, end = evals[0], evals[6]
   headline = ", ".join(f"eval/{k} {start['eval/' + k]:.3f} -> {end['eval/' + k]:.3f}"
                        for k in ("attack_success_rate", "toxicity", "diversity"))
+  keys = [f"eval/{k}" for k in ("attack_success_rate", "toxicity", "diversity")]
   *_, finished, report = out.stdout.strip().splitlines()
+  from tba_jax import metrics
+  scores = lambda r: {k: v for k, v in r.items() if k.startswith("eval/")}
+  assert finished == f"Finished at step 6: {metrics.summary(keys, scores(start), scores(end))}"
   assert finished.startswith(f"Finished at step 6: {headline}; "
                              "eval/distinct_successful_attacks ")
-  assert f"eval/pass@32 0.000, eval/sampled_pass@1 {end['eval/sampled_pass@1']:.3f}" in finished
   at_start = ", ".join(f"eval/{k} {start['eval/' + k]:.3f}"
                        for k in ("attack_success_rate", "toxicity", "diversity"))
   assert f"\nstep 0: {at_start}; eval/distinct_successful_attacks " in out.stdout
