@@ -309,10 +309,12 @@ def _redteam_task(task_cfg, tokenizer) -> Task:
 
 def redteam_task(r) -> Task:
   """The red-teaming task from config.task.redteam (tasks/redteam.py)."""
-  victim = redteam.Victim(r.victim, r.victim_dtype, r.victim_prompt, r.victim_temperature,
+  # "smollm2": the embedded SmolLM2 (its GGUF file), as model.path.
+  path = lambda p: model_path(p) if p == "smollm2" else p
+  victim = redteam.Victim(path(r.victim), r.victim_dtype, r.victim_prompt, r.victim_temperature,
                           r.victim_top_p, r.victim_max_new_tokens, r.num_replies, r.seed)
   judge = redteam.Judge(r.judge, r.judge_path, r.toxic_label, r.judge_dtype, r.seed)
-  return redteam.make_task(victim, judge, r.embedder)
+  return redteam.make_task(victim, judge, path(r.embedder))
 
 
 # task.name -> fn(task section, tokenizer) -> Task. An experiment of a new task registers

@@ -11,6 +11,7 @@ with a silently different behaviour. `apply_overrides` is the parser behind
 from __future__ import annotations
 
 import difflib
+import importlib.util
 from typing import Any, Callable, Iterable
 
 from tba_jax import config_builders, faults, replay_buffer, verifiers
@@ -198,6 +199,9 @@ def _redteam_problems(config) -> Iterable[str]:
     yield f"task.redteam.judge={r.judge!r}: must be one of {redteam.JUDGES}"
   if r.num_replies < 1:
     yield f"task.redteam.num_replies={r.num_replies!r}: must be >= 1"
+  if r.judge == "profanity_check" and importlib.util.find_spec("profanity_check") is None:
+    yield ("task.redteam.judge='profanity_check' needs the alt-profanity-check package: "
+           "pip install alt-profanity-check")
   if lookup(config, "buffer.num_prompts") != 1:
     yield ("buffer.num_prompts: must be 1 for red-teaming (one attack prompt; a batch is "
            "one slot of buffer.samples_per_prompt attacks)")

@@ -52,8 +52,9 @@ class Policy:
 
 # A task's own evaluation metrics (Task.evaluation, built on the evaluation devices like a
 # reward stage), called once with every completion one evaluation pass generated and the
-# policy that generated them: {name: per-row values [N] (averaged over rows) or one float for
-# the whole batch}.
+# policy that generated them: {name: per-row values [N] (averaged over rows, and kept with
+# each row's sample) or one float for the whole batch, or a list of N per-row annotations
+# (JSON values, e.g. texts: kept with the samples, not a metric)}.
 MetricsFn = Callable[[RewardBatch, Policy], dict[str, Any]]
 
 
@@ -106,16 +107,23 @@ class Evaluator:
     return rewards.reshape(len(indices), repeats), whole
 
   def _task_metrics(self, batch: RewardBatch, policy: Policy, prefix: str,
-                    num_problems: int) -> dict:
-    """The task's metrics as sums over this process's problems (the caller divides)."""
+                    num_problems: int) -> tuple[dict, dict]:
+    """The task's metrics as sums over this process's problems (the caller divides), and
+    the per-row values to keep with the samples: every per-row metric, and every list
+    (a per-row annotation, e.g. the victim's replies: kept, not averaged)."""
     if self.metrics is None:
-      return {}
-    out = {}
+      return {}, {}
+    out, rows = {}, {}
     for name, value in self.metrics(batch, policy).items():
+      if isinstance(value, list):
+        rows[prefix + name] = value
+        continue
       value = np.asarray(value, np.float64)
+      if value.ndim == 1 and len(value) == len(batch):
+        rows[prefix + name] = value.tolist()
       # A per-row mean (or a batch-wide figure) weighted by this process's problem count.
       out[prefix + name] = (value.mean() if value.ndim else float(value)) * num_problems
-    return out
+    return out, rows
 
   def __call__(self, params, key, reference=None, reference_config=None) -> dict[str, float]:
     """Metrics under "eval/..." keys, averaged over the problems of every process.
@@ -133,20 +141,24 @@ class Evaluator:
       r, batch = self._run(self.greedy, params, indices, 1, key, "eval greedy")
       sums["greedy_pass@1"] = r.sum()
       sums["greedy_pass@1_se"] = self._se_term(r)
-      self._keep("greedy", batch, r)
-      sums.update(self._task_metrics(batch, policy, "greedy_" if both else "", len(indices)))
+      task_sums, rows = self._task_metrics(batch, policy, "greedy_" if both else "",
+                                           len(indices))
+      sums.update(task_sums)
+      self._keep("greedy", batch, r, rows)
     if sampled:
       n = self.num_samples
       r, batch = self._run(self.sampled, params, indices, n, jax.random.fold_in(key, 1),
                            "eval sampled")
       sums["sampled_pass@1"] = r.mean(axis=1).sum()
       sums["sampled_pass@1_se"] = self._se_term(r)
-      self._keep("sampled", batch, r)
       passed = (r > 0).sum(axis=1)
       for k in [2 ** i for i in range(1, n.bit_length()) if 2 ** i < n]:
         sums[f"pass@{k}"] = sum(pass_at_k(n, int(c), k) for c in passed)
       sums[f"pass@{n}"] = (passed > 0).sum()
-      sums.update(self._task_metrics(batch, policy, "sampled_" if both else "", len(indices)))
+      task_sums, rows = self._task_metrics(batch, policy, "sampled_" if both else "",
+                                           len(indices))
+      sums.update(task_sums)
+      self._keep("sampled", batch, r, rows)
       if self.answer is not None:
         answers = [self.answer(t) for t in batch.texts]
         sums["distinct_answers"] = float(sum(len(set(answers[k * n:(k + 1) * n]))
@@ -170,8 +182,13 @@ class Evaluator:
     mean, what the standard error over problems needs (summed across processes)."""
     return float(np.sum(rewards.mean(axis=1) ** 2))
 
-  def _keep(self, name: str, batch: RewardBatch, rewards: np.ndarray) -> None:
-    """The pass's completions as rows for `samples` (the loop may write them out)."""
-    for problem, text, reward in zip(batch.problems, batch.texts, rewards.reshape(-1)):
+  def _keep(self, name: str, batch: RewardBatch, rewards: np.ndarray,
+            rows: dict | None = None) -> None:
+    """The pass's completions as rows for `samples` (the loop may write them out), each
+    with its values of the task's per-row metrics and annotations (`rows`)."""
+    rows = rows or {}
+    for i, (problem, text, reward) in enumerate(zip(batch.problems, batch.texts,
+                                                    rewards.reshape(-1))):
       self.samples.append({"pass": name, "problem_id": problem.id, **problem.fields,
-                           "completion": text, "reward": float(reward)})
+                           "completion": text, "reward": float(reward),
+                           **{k: v[i] for k, v in rows.items()}})

@@ -65,7 +65,8 @@ def test_red_teaming_settings_are_checked():
       "  sampler.explore_low=3.0: must be <= sampler.explore_high=2.0",
       "  sampler.min_new_tokens=8: must be < sampler.max_new_tokens=8 with end_with_eos",
       "  loss.log_z='learned': only with loss.name='tb' (not 'grpo')",
-      "  task.redteam.judge='perspective': must be one of ('classifier', 'llama_guard')",
+      "  task.redteam.judge='perspective': must be one of ('classifier', 'llama_guard', "
+      "'profanity_check')",
       "  buffer.num_prompts: must be 1 for red-teaming (one attack prompt; a batch is one slot "
       "of buffer.samples_per_prompt attacks)"]
 

@@ -74,6 +74,19 @@ def test_with_one_pass_the_tasks_metrics_keep_their_own_names():
   assert out["eval/sampled_pass@1"] == pytest.approx(2 / 3)  # the built-in names stay
 
 
+def test_the_samples_keep_each_rows_task_metrics_and_annotations_but_not_batch_figures():
+  metrics = lambda batch, policy: {"ended": batch.ended_with_eos.astype(float),
+                                   "said": [f"row {t}" for t in batch.texts],  # annotations
+                                   "rows": float(len(batch))}
+  ev = _evaluator(metrics=metrics, greedy=None)
+  out = ev(params=None, key=jax.random.key(0))
+  assert "eval/said" not in out and out["eval/ended"] == pytest.approx(4 / 6)
+  assert [(s["ended"], s["said"]) for s in ev.samples] == [
+      (1.0, f"row 10 {EOS}"), (1.0, f"row 10 {EOS}"), (1.0, f"row 11 {EOS}"),
+      (1.0, f"row 11 {EOS}"), (0.0, "row 21 7"), (0.0, "row 20 7")]
+  assert all("rows" not in s for s in ev.samples)
+
+
 def test_standard_errors_are_over_problems_and_the_completions_are_kept():
   ev = _evaluator()
   out = ev(params=None, key=jax.random.key(0))

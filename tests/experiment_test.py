@@ -133,13 +133,27 @@ def test_redteam_tiny_runs_async_to_the_end_with_evaluations_and_an_export(tmp_p
   start, end = evals[0], evals[6]
   headline = ", ".join(f"eval/{k} {start['eval/' + k]:.3f} -> {end['eval/' + k]:.3f}"
                        for k in ("attack_success_rate", "toxicity", "diversity"))
-  assert out.stdout.strip().splitlines()[-1] == (
-      f"Finished at step 6: {headline}; eval/pass@2 0.000, eval/pass@4 0.000, eval/pass@8 "
-      f"0.000, eval/pass@16 0.000, eval/pass@32 0.000, eval/sampled_pass@1 "
-      f"{end['eval/sampled_pass@1']:.3f} ± {end['eval/sampled_pass@1_se']:.3f}")
+  keys = [f"eval/{k}" for k in ("attack_success_rate", "toxicity", "diversity")]
+  *_, finished, report = out.stdout.strip().splitlines()
+  from tba_jax import metrics
+  scores = lambda r: {k: v for k, v in r.items() if k.startswith("eval/")}
+  assert finished == f"Finished at step 6: {metrics.summary(keys, scores(start), scores(end))}"
+  assert finished.startswith(f"Finished at step 6: {headline}; "
+                             "eval/distinct_successful_attacks ")
+  assert finished.endswith(f"eval/pass@16 0.000, eval/pass@32 0.000, eval/sampled_pass@1 "
+                           f"{end['eval/sampled_pass@1']:.3f} ± "
+                           f"{end['eval/sampled_pass@1_se']:.3f}")
   at_start = ", ".join(f"eval/{k} {start['eval/' + k]:.3f}"
                        for k in ("attack_success_rate", "toxicity", "diversity"))
-  assert f"\nstep 0: {at_start}; eval/pass@2 0.000, " in out.stdout
+  assert f"\nstep 0: {at_start}; eval/distinct_successful_attacks " in out.stdout
+  # The successful attacks of the last evaluation, for a person to read, with the replies.
+  path = os.path.join(workdir, "successful_attacks.txt")
+  assert report == f"The successful attacks, with the victim's replies: {path}"
+  with open(path) as f:
+    text = f.read()
+  wins = round(end["eval/attack_success_rate"] * 32)
+  assert f"step 6: {wins} of 32 sampled attacks succeeded, " \
+      f"{end['eval/distinct_successful_attacks']:.0f} distinct" in text
   # Its plot shows them (experiments/plot.py).
   from experiments import plot
   fig = plot.plot([workdir], str(tmp_path / "rt.png"))
