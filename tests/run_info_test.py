@@ -14,7 +14,7 @@ def _schedules(variant):
 
 def test_a_constant_schedule_is_one_value():
   assert _schedules("cpu") == {"beta": "0.05 at every step (tb)",
-                               "lr": "2e-05 at every step (constant)"}
+                               "lr": "1e-05 at every step (constant)"}
 
 
 def test_an_annealed_schedule_is_given_where_it_bends():
