@@ -28,13 +28,18 @@ def test_a_first_ctrl_c_is_recorded_not_raised_and_said_on_its_own_line(stop, ca
   assert stop.signum == signal.SIGINT
 
 
-def test_a_second_ctrl_c_raises_at_once_saying_nothing_more_is_saved(stop):
-  _signal(signal.SIGINT)
-  with pytest.raises(KeyboardInterrupt, match=r"^Ctrl-C again: stopped at once, without saving; "
-                                              r"the checkpoints in /runs/x/checkpoints are kept"):
+def test_a_second_ctrl_c_raises_at_once_saying_nothing_more_is_saved():
+  before = signal.getsignal(signal.SIGINT)  # Python's own in a plain run
+  stop = interrupts.StopRequest("/runs/x/checkpoints").install()
+  try:
     _signal(signal.SIGINT)
-  # Python's own handler is back: a third Ctrl-C (were cleanup to hang) interrupts plainly.
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt, match=r"^Ctrl-C again: stopped at once, without "
+                       r"saving; the checkpoints in /runs/x/checkpoints are kept"):
+      _signal(signal.SIGINT)
+    # The handler from before is back: a third Ctrl-C (were cleanup to hang) interrupts plainly.
+    assert signal.getsignal(signal.SIGINT) is before
+  finally:
+    stop.restore()
 
 
 def test_repeated_sigterms_only_repeat_the_request(stop, capsys):
