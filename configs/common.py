@@ -190,10 +190,12 @@ def base() -> ml_collections.ConfigDict:
   return c
 
 
-def from_recipes(arg: str, file: str, recipes: dict, common=None) -> ml_collections.ConfigDict:
+def from_recipes(arg: str, file: str, recipes: dict, common=None,
+                 base=base) -> ml_collections.ConfigDict:
   """The config of `arg` ("VARIANT" or "VARIANT,key=value,...", e.g. "tiny,num_train_steps=3";
   "" = the first recipe): `base()`, `common` and the variant's recipe applied to it,
-  then the overrides (each key must exist), locked. `file` names the config file in errors."""
+  then the overrides (each key must exist), locked. `file` names the config file in errors;
+  `base` is this module's training base unless the job has its own (configs/sft.py)."""
   variant, *overrides = (arg or next(iter(recipes))).split(",")
   if variant not in recipes:
     raise ValueError(f"unknown variant {variant!r} of {file}; choose from {tuple(recipes)}")

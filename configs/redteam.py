@@ -131,7 +131,7 @@ Settings (gpt2; llama differs where noted):
                    TB holds for samples of any policy, so sampling without dropout changes
                    only what is explored, and lm(x) stays the SFT model's log-density
                    rather than one draw of a dropped-out network. The attacker's SFT step
-                   (experiments/sft.py) trains with 0.1 as well
+                   (experiments/sft.py, configs/sft.py:gpt2) trains with 0.1 as well
   evaluation       before and after training: 1,024 attacks at T 1, top-p 1, 5-20 tokens
                    (E L129-135), 5 replies each; eval/attack_success_rate (mean p_toxic of
                    the replies > 0.5), eval/toxicity, eval/diversity (1 - mean pairwise

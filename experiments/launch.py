@@ -125,6 +125,8 @@ def _missing_config_file(argv: list[str]) -> str | None:
 
 def _check_experiment(experiment: str, config, argv: list[str]) -> None:
   """Refuses a config of another experiment's task, naming the command that runs it."""
+  if experiment not in EXPERIMENTS:  # a job without a task (experiments/sft.py)
+    return
   name = config.task.name
   right = next((e for e, names in EXPERIMENTS.items() if name in names), None)
   if name in EXPERIMENTS[experiment] or right is None:  # an unknown name: config_checks says
@@ -135,10 +137,10 @@ def _check_experiment(experiment: str, config, argv: list[str]) -> None:
       f"task.name={name!r}. Run it with: python -m experiments.{right} {shlex.join(argv[1:])}")
 
 
-def _main(argv, experiment: str, job=None, tasks=None):
+def _main(argv, experiment: str, job=None, tasks=None, check=None):
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
   try:
-    _start(argv, experiment, job, tasks or {})
+    _start(argv, experiment, job, tasks or {}, check)
   except Exception as e:
     if _DEBUG:
       raise
@@ -160,17 +162,17 @@ def _main(argv, experiment: str, job=None, tasks=None):
     os._exit(130)  # at once: no waiting for the searcher threads or JAX's shutdown
 
 
-def _start(argv, experiment: str, job, tasks: dict) -> None:
+def _start(argv, experiment: str, job, tasks: dict, check) -> None:
   try:
     config = _CONFIG.value
-    config.task.name  # ml_collections loads the file on first use
+    config.seed  # ml_collections loads the file on first use
   except Exception as e:  # an error in the config file or its argument
     raise UserError(_explain(e, argv)) from e
   _check_experiment(experiment, config, argv)
   from tba_jax import config_builders, config_checks
   config_builders.TASKS.update(tasks)  # the experiment's own tasks, by config task.name
   # Before anything touches the devices or the workdir.
-  config_checks.validate(config)
+  (check or config_checks.validate)(config)
   config_builders.use_cpu_devices(config.mesh.num_cpu_devices)
   if _CACHE.value:
     import jax
@@ -184,13 +186,14 @@ def _start(argv, experiment: str, job, tasks: dict) -> None:
   (job or loop.run)(config, _WORKDIR.value)
 
 
-def main(default_config: str, job=None, tasks: dict | None = None) -> None:
+def main(default_config: str, job=None, tasks: dict | None = None, check=None) -> None:
   """Runs the experiment (or `job(config, workdir)`); `default_config` ("gsm8k.py:cpu")
   when --config is not given. Its file names the experiment (EXPERIMENTS): a config of
   another experiment's task is refused. `tasks`: {task.name: fn(task section, tokenizer)
-  -> tasks.Task} of the tasks this experiment adds (config_builders.TASKS)."""
+  -> tasks.Task} of the tasks this experiment adds (config_builders.TASKS). `check`: a
+  job whose config is not the training one validates it itself (experiments/sft.py)."""
   experiment = default_config.partition(".py")[0]
   if tasks:
     EXPERIMENTS[experiment] = (*EXPERIMENTS.get(experiment, ()), *tasks)
-  app.run(lambda argv: _main(sys.argv, experiment, job, tasks),
+  app.run(lambda argv: _main(sys.argv, experiment, job, tasks, check),
           flags_parser=lambda argv: _parse_flags(argv, default_config))

@@ -1,28 +1,23 @@
 r"""Supervised fine-tuning: next-token loss on the completion of (prompt, completion) pairs.
 
-  python -m experiments.sft --model gpt2 --data sft.jsonl --out sft/gpt2
-  # red-teaming's attacker, from GFNOrg/red-teaming's SFT data (written to --data first):
+  python -m experiments.sft --config configs/sft.py:gpt2 --workdir sft/gpt2 \
+      --config.data.path=sft.jsonl
+  # red-teaming's attacker, from GFNOrg/red-teaming's SFT data (written to data.path first):
   git clone https://github.com/GFNOrg/red-teaming /tmp/red-teaming
-  python -m experiments.sft --model gpt2 --redteam_repo /tmp/red-teaming --data sft.jsonl \
-      --out sft/gpt2
+  python -m experiments.sft --config configs/sft.py:gpt2 --workdir sft/gpt2 \
+      --config.data.redteam_repo=/tmp/red-teaming --config.data.path=/tmp/rt_sft.jsonl
 
---data is a jsonl file of {"prompt": ..., "completion": ...}; the loss is the mean
+data.path is a jsonl file of {"prompt": ..., "completion": ...}; the loss is the mean
 negative log-likelihood of the completion's tokens and an EOS after them (the
 marked span), the prompt tokens being context only (with the BOS the tokenizer
 adds to a prompt by default). Training is the TB trainer's jitted update
 (train_step.make_update) with this loss: AdamW, the same shardings over every
-local device, micro-batches. The defaults are Lee et al.'s attacker SFT (README of
-GFNOrg/red-teaming: lr 3e-5, 100 steps of 1024 examples in 32 micro-batches,
-clip 1.0, weight decay 0.1, 100 warmup steps: the lr rises through the whole run;
-the stock gpt2 config's dropout 0.1 on in training, --dropout, as model.dropout),
-except that weight decay applies to every weight (theirs spares biases and
-LayerNorms) and every example is trained on (they hold out 10% for a validation
-loss). The result is written in Hugging Face format to --out: the `model.path`
-of configs/redteam.py.
+local device, micro-batches. The recipes (configs/sft.py) hold the settings; the flags,
+errors and start-up are every experiment's (experiments/launch.py). The result is
+written in Hugging Face format to the workdir: the `model.path` of configs/redteam.py.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -30,6 +25,8 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from tba_jax.errors import ConfigError, DataError
 
 
 def sft_loss(token_logprobs, batch, beta):
@@ -41,6 +38,8 @@ def sft_loss(token_logprobs, batch, beta):
 
 
 def read_rows(path: str) -> list[dict]:
+  if not os.path.isfile(path):
+    raise DataError(f"data.path={path!r}: no such file (a jsonl of prompt/completion rows)")
   rows = []
   with open(path) as f:
     for number, line in enumerate(f, 1):
@@ -48,11 +47,11 @@ def read_rows(path: str) -> list[dict]:
         continue
       row = json.loads(line)
       if not isinstance(row, dict) or not {"prompt", "completion"} <= set(row):
-        raise ValueError(f"{path}, line {number}: expected an object with 'prompt' and "
+        raise DataError(f"{path}, line {number}: expected an object with 'prompt' and "
                          "'completion'")
       rows.append(row)
   if not rows:
-    raise ValueError(f"{path}: no examples")
+    raise DataError(f"{path}: no examples")
   return rows
 
 
@@ -78,38 +77,43 @@ def batch_of(prompts, completions, layout):
       versions=np.zeros(n, np.int32))
 
 
-def train(model_path: str, rows: list[dict], *, out: str | None, steps: int, batch_size: int,
-          num_microbatches: int, learning_rate: float, warmup_steps: int, weight_decay: float,
-          grad_clip: float, dropout: float, seed: int = 0, dtype: str = "float32",
-          tokenizer: str = "", log_every: int = 10) -> list[float]:
-  """Fine-tunes `model_path` on `rows`; returns the loss of every step (writes `out`)."""
-  from tba_jax import hf_checkpoints, sharding, train_step
+# data.path "": a few rows to smoke-test the job with (configs/sft.py:tiny).
+BUILT_IN_ROWS = [{"prompt": "List:\n1.", "completion": " Say hi"},
+                 {"prompt": "List:\n1.", "completion": " Go home now"},
+                 {"prompt": "Q", "completion": " abc"},
+                 {"prompt": "Longer prompt here:\n1.", "completion": " x"}] * 2
+
+
+def train(c, rows: list[dict], out: str | None) -> list[float]:
+  """Fine-tunes the model of config `c` (configs/sft.py) on `rows`; returns the loss of
+  every step (writes the model to `out`)."""
+  from tba_jax import config_builders, hf_checkpoints, sharding, train_step
   from tba_jax.batch import Layout
-  from tba_jax import tokenizer as tokenizer_lib
-  tok = tokenizer_lib.load(tokenizer or model_path)
+  tok = config_builders.load_tokenizer(c.model)
   mesh = sharding.make_mesh("trainer", jax.local_devices())
-  cfg, params = hf_checkpoints.load(model_path, dtype, mesh=mesh, role="trainer")
+  cfg, params = config_builders.load_model(c.model, tok, c.model.dtype, mesh, c.seed)
   prompts, completions = encode(rows, tok)
   # Fixed shapes, one compile: every row padded to the longest prompt / completion.
   layout = Layout(max(map(len, prompts)), max(map(len, completions)), tok.pad_id)
-  lr = train_step.warmup_linear(learning_rate, warmup_steps, max(steps, warmup_steps))
-  optimizer = train_step.make_optimizer(lr, weight_decay, grad_clip or None)
+  o, steps = c.optim, c.num_train_steps
+  lr = train_step.warmup_linear(o.learning_rate, o.warmup_steps, max(steps, o.warmup_steps))
+  optimizer = train_step.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None)
   state = train_step.init_state(params, optimizer,
                                 train_step.state_shardings(cfg, optimizer, mesh))
   del params
   update = train_step.make_update(cfg, optimizer, sft_loss,
                                   lambda u: jnp.ones((), jnp.float32), mesh, temperature=1.0,
-                                  num_microbatches=num_microbatches, lr_schedule=lr,
-                                  dropout=dropout, dropout_seed=seed)
+                                  num_microbatches=o.num_microbatches, lr_schedule=lr,
+                                  dropout=c.model.dropout, dropout_seed=c.seed)
   shardings = train_step.batch_shardings(mesh)
-  rng = np.random.default_rng(seed)
+  rng = np.random.default_rng(c.seed)
   order, position, losses = rng.permutation(len(rows)), 0, []
   start = time.perf_counter()
   for step in range(1, steps + 1):
     # Epochs of a shuffled order, as a shuffling data loader; batches may span two epochs.
     idx = []
-    while len(idx) < batch_size:
-      take = order[position:position + batch_size - len(idx)]
+    while len(idx) < c.batch_size:
+      take = order[position:position + c.batch_size - len(idx)]
       idx.extend(take.tolist())
       position += len(take)
       if position == len(order):
@@ -117,7 +121,7 @@ def train(model_path: str, rows: list[dict], *, out: str | None, steps: int, bat
     batch = batch_of([prompts[i] for i in idx], [completions[i] for i in idx], layout)
     state, metrics = update(state, jax.device_put(batch, shardings))
     losses.append(float(metrics["loss"]))
-    if step % log_every == 0 or step == steps:
+    if step % c.log.every == 0 or step == steps:
       print(f"step {step}/{steps}: loss {losses[-1]:.4f}, lr {float(metrics['lr']):.3g} "
             f"({time.perf_counter() - start:.0f} s)", flush=True)
   if out:
@@ -128,45 +132,37 @@ def train(model_path: str, rows: list[dict], *, out: str | None, steps: int, bat
   return losses
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--model", required=True, help="HF directory or hub id of a causal LM")
-  p.add_argument("--tokenizer", default="", help="default: the model's")
-  p.add_argument("--data", required=True, help="jsonl of {'prompt', 'completion'}")
-  p.add_argument("--redteam_repo", default="",
-                 help="a GFNOrg/red-teaming checkout: write its SFT examples to --data first")
-  p.add_argument("--redteam_copies", type=int, default=38, help="examples per instruction")
-  p.add_argument("--out", required=True, help="directory for the fine-tuned model")
-  p.add_argument("--steps", type=int, default=100)
-  p.add_argument("--batch_size", type=int, default=1024)
-  p.add_argument("--num_microbatches", type=int, default=32)
-  p.add_argument("--learning_rate", type=float, default=3e-5)
-  p.add_argument("--warmup_steps", type=int, default=100)
-  p.add_argument("--weight_decay", type=float, default=0.1)
-  p.add_argument("--grad_clip", type=float, default=1.0)
-  p.add_argument("--dropout", type=float, default=0.1,
-                 help="attention, residual and embedding dropout in training (GPT-2's 0.1)")
-  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-  p.add_argument("--seed", type=int, default=0)
-  args = p.parse_args(argv)
-  if args.batch_size % args.num_microbatches:
-    p.error(f"--batch_size={args.batch_size} does not split into "
-            f"--num_microbatches={args.num_microbatches}")
-  if args.redteam_repo:
+def check(c) -> None:
+  """The SFT config's values that cannot run, as one ConfigError."""
+  problems = [f"{k}={v!r}: must be >= 1" for k, v in (
+      ("num_train_steps", c.num_train_steps), ("batch_size", c.batch_size),
+      ("optim.num_microbatches", c.optim.num_microbatches), ("log.every", c.log.every))
+      if not v >= 1]
+  if not problems and c.batch_size % c.optim.num_microbatches:
+    problems.append(f"batch_size={c.batch_size}: does not split into "
+                    f"optim.num_microbatches={c.optim.num_microbatches}")
+  if c.model.dtype not in ("float32", "bfloat16"):
+    problems.append(f"model.dtype={c.model.dtype!r}: must be one of 'float32', 'bfloat16'")
+  if c.data.redteam_repo and not c.data.path:
+    problems.append("data.path='': data.redteam_repo writes its examples there; name a file")
+  if problems:
+    raise ConfigError("config: " + "; ".join(problems))
+
+
+def run(c, workdir: str) -> list[float]:
+  """The job: data.path's rows (written from data.redteam_repo first, when set), trained
+  into `workdir`."""
+  if c.data.redteam_repo:
     from tba_jax.tasks import redteam
-    rows = redteam.sft_rows(os.path.join(args.redteam_repo, "prompts", "alpaca.jsonl"),
-                            os.path.join(args.redteam_repo, "prompts", "sft_dataset.json"),
-                            args.redteam_copies, args.seed)
-    with open(args.data, "w") as f:
+    rows = redteam.sft_rows(os.path.join(c.data.redteam_repo, "prompts", "alpaca.jsonl"),
+                            os.path.join(c.data.redteam_repo, "prompts", "sft_dataset.json"),
+                            c.data.redteam_copies, c.seed)
+    with open(c.data.path, "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in rows)
-    print(f"Wrote {len(rows)} examples to {args.data}.")
-  train(args.model, read_rows(args.data), out=args.out, steps=args.steps,
-        batch_size=args.batch_size, num_microbatches=args.num_microbatches,
-        learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
-        weight_decay=args.weight_decay, grad_clip=args.grad_clip, dropout=args.dropout,
-        seed=args.seed,
-        dtype=args.dtype, tokenizer=args.tokenizer)
+    print(f"Wrote {len(rows)} examples to {c.data.path}.")
+  return train(c, read_rows(c.data.path) if c.data.path else BUILT_IN_ROWS, out=workdir)
 
 
 if __name__ == "__main__":
-  main()
+  from experiments import launch
+  launch.main("sft.py:gpt2", run, check=check)

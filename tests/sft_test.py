@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from configs import sft as sft_config
 from experiments import sft
 from hf_models import make_model
 from tba_jax import tokenizer as tokenizer_lib
@@ -45,13 +46,27 @@ def test_sft_loss_is_transformers_and_training_lowers_it(tmp_path):
   out = str(tmp_path / "out")
   # One batch of all 8 rows: the first step's loss is the untrained model's. (With
   # micro-batches the loss is the mean of their token means, as Lee et al. accumulate.)
-  losses = sft.train(path, sft.read_rows(str(data)), out=out, steps=25, batch_size=8,
-                     num_microbatches=1, learning_rate=3e-3, warmup_steps=0, weight_decay=0.0,
-                     grad_clip=1.0, dropout=0.0, log_every=25)
+  c = sft_config.get_config(
+      f"tiny,model.path={path},model.tokenizer=,num_train_steps=25,optim.num_microbatches=1,"
+      "log.every=25")
+  losses = sft.train(c, sft.read_rows(str(data)), out=out)
   assert losses[0] == pytest.approx(_hf_completion_nll(hf, ROWS), rel=1e-4)
   assert losses[-1] < 0.5 * losses[0]
   trained = transformers.AutoModelForCausalLM.from_pretrained(out)
   assert _hf_completion_nll(trained, ROWS) < 0.5 * losses[0]
+
+
+def test_the_tiny_recipe_runs_offline_and_bad_settings_are_named(tmp_path, capsys):
+  c = sft_config.get_config("tiny")
+  sft.check(c)
+  losses = sft.run(c, str(tmp_path / "out"))
+  assert len(losses) == 20 and losses[-1] < losses[0]
+  assert (tmp_path / "out" / "config.json").is_file()
+  with pytest.raises(sft.ConfigError, match=r"batch_size=8: does not split into "
+                     r"optim.num_microbatches=3"):
+    sft.check(sft_config.get_config("tiny,optim.num_microbatches=3"))
+  with pytest.raises(sft.DataError, match="data.path='/nope.jsonl': no such file"):
+    sft.read_rows("/nope.jsonl")
 
 
 def test_bad_data_is_named(tmp_path):
