@@ -179,14 +179,6 @@ def base() -> ml_collections.ConfigDict:
   c.checkpoint = dict(every=100, max_to_keep=3)
   c.log = dict(every=1, tensorboard=True, wandb_project="")
   c.export = True  # write the final policy to WORKDIR/export (Hugging Face format)
-  c.fault = dict(            # fault injection, a testing aid (docs/resume.md); 0 = off
-      searcher_fail_at=0,    # > 0: searcher `searcher`'s reward stage raises at its n-th batch
-      searcher_fail_repeats=False,  # ... and on every later batch with that batch's first prompt
-      searcher=0,            # the global index of that searcher
-      stop_at_step=0,        # > 0: process `stop_process` signals itself after this step's update
-      stop_signal="SIGKILL",  # "SIGKILL" (a crash) or "SIGTERM" (a preemption notice)
-      stop_process=0,
-  )
   return c
 
 

@@ -34,7 +34,8 @@ from tba_jax import entries as entries_lib
 from tba_jax.entries import Entry
 from tba_jax.errors import UserError
 
-# Top-level config sections / keys that may change between a run and its resume.
+# Top-level config sections / keys that may change between a run and its resume ("fault":
+# the testing aid's section in configs of checkpoints older than faults.Plan).
 RESUMABLE_KEYS = ("num_train_steps", "max_train_seconds", "eval", "log", "checkpoint",
                   "searcher.max_restarts", "searcher.mismatch_every", "fault")
 # A refused resume lists at most this many differing keys (another variant differs in dozens).

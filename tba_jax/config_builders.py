@@ -326,7 +326,7 @@ TASKS = {"gsm8k": _gsm8k_task, "math": _math_task, "arithmetic": _arithmetic_tas
 def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, meshes, *,
                   publish, params, reference, prompt_tokens: dict[int, list[int]],
                   max_prompt_len: int, seed: int, max_restarts: int,
-                  fault_cfg, in_flight_updates: bool = True, mismatch_every: int = 0,
+                  fault_plan: faults.Plan | None = None, in_flight_updates: bool = True, mismatch_every: int = 0,
                   schedule: Schedule = Schedule()) -> SearcherPool:
   """This process's searchers, one per mesh, with the task's reward stage built on each.
 
@@ -335,8 +335,7 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
   or None: the first weights (with LoRA: the base, adapters off). Each searcher
   samples its own shard of the training prompts (a global stride over every
   process's searchers); `schedule`: how they run beside the trainer (the mode, fixed
-  here). `fault_cfg`: the config's `fault` section, whose
-  searcher_fail_at makes searcher `fault_cfg.searcher`'s reward stage raise (a testing aid).
+  here). `fault_plan`: failures on purpose (tba_jax/faults.py, a testing aid).
   Their rows come from static batches, or with sampler.num_slots > 0 from a
   continuous-batching pool (streaming.StreamingRows), which takes new weights between
   decode chunks when `in_flight_updates` (sync.in_flight_updates).
@@ -360,9 +359,8 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
       raise ConfigError(f"sampler.num_slots={s.num_slots}: {e}") from None
     first = publish(params, i)
     reward = stage.build(mesh)
-    if fault_cfg.searcher_fail_at and shard == fault_cfg.searcher:
-      reward = faults.FailingReward(reward, fault_cfg.searcher_fail_at,
-                                    fault_cfg.searcher_fail_repeats)
+    if fault_plan:
+      reward = fault_plan.reward(reward, shard)
     if reference is not None:
       ref, ref_config = publish(reference, i), None
     elif model_config.lora is not None:

@@ -14,7 +14,7 @@ import difflib
 import importlib.util
 from typing import Any, Callable, Iterable
 
-from tba_jax import config_builders, faults, replay_buffer, verifiers
+from tba_jax import config_builders, replay_buffer, verifiers
 from tba_jax.errors import ConfigError  # noqa: F401 (public here too: config_checks.ConfigError)
 from tba_jax.model_config import LORA_TARGETS
 
@@ -35,7 +35,6 @@ CHOICES = {
     "model.add_bos": ("auto", "on", "off"),
     "eval.devices": ("trainer", "searcher"),
     "optim.moments_dtype": ("float32", "bfloat16"),
-    "fault.stop_signal": faults.SIGNALS,
 }
 # Keys only one task has, checked when the config's task.name is that task.
 TASK_CHOICES = {"tldr": {"task.reward_dtype": ("float32", "bfloat16")}}
@@ -56,7 +55,6 @@ AT_LEAST_ZERO = (
     "optim.warmup_steps", "optim.stable_steps", "optim.decay_steps", "optim.weight_decay",
     "optim.grad_clip_norm", "buffer.max_entries", "eval.every", "eval.every_seconds",
     "eval.num_problems", "eval.num_samples", "eval.temperature", "searcher.max_restarts",
-    "fault.searcher_fail_at", "fault.searcher", "fault.stop_at_step", "fault.stop_process",
     "model.lora.rank", "sampler.min_new_tokens", "eval.min_new_tokens", "buffer.near_duplicate",
     "buffer.freeze_step", "optim.linear_decay_steps", "sampler.num_slots",
     "searcher.mismatch_every")

@@ -65,11 +65,13 @@ SAMPLES_DIR = "eval_samples"
 # ---------------------------------------------------------------------------
 # The run.
 # ---------------------------------------------------------------------------
-def run(config, workdir: str, task: Task | None = None) -> dict:
+def run(config, workdir: str, task: Task | None = None,
+        fault_plan: faults.Plan | None = None) -> dict:
   """Trains per `config` in `workdir` (resuming from its newest checkpoint).
 
   A run that already finished (FINISHED_FILE) only says so; one with more
-  num_train_steps than it finished with trains on.
+  num_train_steps than it finished with trains on. `fault_plan`: failures on purpose,
+  a testing aid (tba_jax/faults.py).
   """
   c = config
   # Nothing is loaded or written before the config is known to be runnable.
@@ -123,7 +125,7 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
       # Ids are per split (the replay buffer's prompt ids are train ids).
       prompt_tokens=build.encode_prompts(task.train, task, tokenizer, c.task.max_prompt_len),
       max_prompt_len=c.task.max_prompt_len, seed=c.seed, max_restarts=c.searcher.max_restarts,
-      fault_cfg=c.fault, in_flight_updates=c.sync.in_flight_updates,
+      fault_plan=fault_plan, in_flight_updates=c.sync.in_flight_updates,
       mismatch_every=c.searcher.mismatch_every,
       schedule=Schedule.of(mode, c.sync.every, b.num_prompts, b.m))
   evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg, eval_mesh,
@@ -150,7 +152,8 @@ def run(config, workdir: str, task: Task | None = None) -> dict:
   evaluate = _Evaluation(c, workdir, task, evaluator, pool, publish, meshes.index(eval_mesh),
                          eval_mesh, writer, is_main)
   stop = interrupts.StopRequest(saves.checkpointer.directory).install()
-  stop_here = _process_stop(c.fault)  # a testing aid; None unless it stops this process
+  # A testing aid; None unless the plan stops this process.
+  stop_here = fault_plan and fault_plan.process_stop(jax.process_index())
   training = start_step < c.num_train_steps  # else only the final evaluation is left
 
   try:
@@ -352,13 +355,6 @@ class _Checkpoints:
     return FloatingPointError(
         f"loss is {m['loss']} at step {step} (grad_norm={m['grad_norm']}); stopping "
         f"without saving. The checkpoints in {self.checkpointer.directory} are intact.")
-
-
-def _process_stop(fault) -> faults.ProcessStop | None:
-  """The config's fault.stop_* (faults.py), when it asks this process to stop."""
-  if fault.stop_at_step and fault.stop_process == jax.process_index():
-    return faults.ProcessStop(fault.stop_at_step, fault.stop_signal)
-  return None
 
 
 def _reset_reference(done: int, params, dtype: str, pool: SearcherPool, buffer: ReplayBuffer,

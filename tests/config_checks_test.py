@@ -2,7 +2,7 @@
 import pytest
 
 from configs import gsm8k as gsm8k_config
-from tba_jax import config_checks, faults, loop
+from tba_jax import config_checks, loop
 from tba_jax.config_checks import ConfigError
 from tba_jax.replay_buffer import EVICTION_POLICIES
 
@@ -119,10 +119,6 @@ def test_several_problems_are_listed_one_per_line():
 
 def test_the_eviction_choices_are_the_replay_buffers():
   assert config_checks.CHOICES["buffer.eviction"] == EVICTION_POLICIES
-
-
-def test_the_fault_signals_are_the_ones_faults_sends():
-  assert config_checks.CHOICES["fault.stop_signal"] == faults.SIGNALS
 
 
 def test_loop_run_refuses_a_bad_value_before_creating_the_workdir(tmp_path):

@@ -93,7 +93,7 @@ def eos_searcher(c):
       c.sampler, task, tok, cfg, [mesh], publish=publish,
       params=favouring(cfg, params, tok.eos_ids[0]), reference=None,
       prompt_tokens=config_builders.encode_prompts(task.train, task, tok, c.task.max_prompt_len),
-      max_prompt_len=c.task.max_prompt_len, seed=0, max_restarts=0, fault_cfg=c.fault)
+      max_prompt_len=c.task.max_prompt_len, seed=0, max_restarts=0)
   return pool, params, tok
 
 

@@ -61,13 +61,13 @@ def test_a_run_killed_after_a_checkpoint_resumes_with_every_entry_and_no_prompt_
   arg = ("tiny,mesh.num_cpu_devices=2,sync.mode=async,sync.every=3,num_train_steps=8,"
          "checkpoint.every=2,"
          "eval.every=0,export=false,buffer.dedup=false,buffer.max_per_prompt=1000000")
-  worker = lambda log, extra: subprocess.run(
-      [sys.executable, os.path.join(ROOT, "tests", "resume_worker.py"), log,
-       *_command(workdir, arg + extra)[3:]], cwd=ROOT, env=_env(), capture_output=True,
+  worker = lambda log, faults: subprocess.run(
+      [sys.executable, os.path.join(ROOT, "tests", "resume_worker.py"), log, faults,
+       *_command(workdir, arg)[3:]], cwd=ROOT, env=_env(), capture_output=True,
       text=True, timeout=400)
-  killed = worker(logs[0], ",fault.stop_at_step=5")
+  killed = worker(logs[0], "stop_at_step=5")
   assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
-  assert "fault.stop_at_step=5: sending this process SIGKILL" in killed.stdout
+  assert "stop_at_step=5: sending this process SIGKILL" in killed.stdout
   assert _steps(workdir) == [2, 4]
   resumed = worker(logs[1], "")
   assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
@@ -165,9 +165,11 @@ def test_redteam_tiny_runs_async_to_the_end_with_evaluations_and_an_export(tmp_p
 def test_redteam_sigkill_mid_run_then_rerun_resumes_to_the_final_step(tmp_path):
   workdir = str(tmp_path)
   arg = "tiny,num_train_steps=12,checkpoint.every=3"
-  run = lambda extra: subprocess.run(_command(workdir, arg + extra, "redteam"), cwd=ROOT,
-                                     env=_env(), capture_output=True, text=True, timeout=600)
-  killed = run(",fault.stop_at_step=7")  # SIGKILL after step 7's update
+  run = lambda faults: subprocess.run(
+      [sys.executable, os.path.join(ROOT, "tests", "fault_worker.py"), faults, "redteam",
+       *_command(workdir, arg, "redteam")[3:]], cwd=ROOT, env=_env(), capture_output=True,
+      text=True, timeout=600)
+  killed = run("stop_at_step=7")  # SIGKILL after step 7's update
   assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
   assert _steps(workdir) == [3, 6]
   out = run("")

@@ -44,6 +44,22 @@ def test_a_process_stop_signals_this_process_at_its_step_only(capsys):
     assert seen.wait(10)
   finally:
     signal.signal(signal.SIGTERM, previous)
-  assert "fault.stop_at_step=3: sending this process SIGTERM" in capsys.readouterr().out
+  assert "stop_at_step=3: sending this process SIGTERM" in capsys.readouterr().out
   with pytest.raises(ValueError, match="signal_name='SIGSTOP'"):
     faults.ProcessStop(at_step=1, signal_name="SIGSTOP")
+
+
+def test_a_plan_parses_its_text_and_builds_only_what_it_asks_for():
+  plan = faults.Plan.parse("searcher_fail_at=3,searcher_fail_repeats=true,searcher=1,"
+                           "stop_at_step=5,stop_signal=SIGTERM,stop_process=1")
+  assert plan == faults.Plan(3, True, 1, 5, "SIGTERM", 1)
+  assert faults.Plan.parse("") == faults.Plan()
+  reward = lambda b: np.zeros(len(b), np.float32)
+  assert isinstance(plan.reward(reward, 1), faults.FailingReward)
+  assert plan.reward(reward, 0) is reward and faults.Plan().reward(reward, 0) is reward
+  assert plan.process_stop(0) is None and faults.Plan().process_stop(0) is None
+  assert plan.process_stop(1).at_step == 5
+  with pytest.raises(ValueError, match="unknown fault 'stop_at'; the faults are searcher_fail_at"):
+    faults.Plan.parse("stop_at=5")
+  with pytest.raises(ValueError, match="stop_signal='SIGSTOP': must be one of"):
+    faults.Plan.parse("stop_signal=SIGSTOP")

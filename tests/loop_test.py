@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import gsm8k as gsm8k_config
-from tba_jax import config_builders, hf_checkpoints, loop, model, sharding, train_step
+from tba_jax import config_builders, faults, hf_checkpoints, loop, model, sharding, train_step
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax import weight_sync
 from tba_jax.checkpoint import ConfigMismatchError
@@ -139,34 +139,36 @@ def test_synchronous_mode_equals_a_plain_synchronous_loop(tmp_path):
   assert moved > 1e-3  # training really changed the parameters
 
 
-def _faulty(num_train_steps, num_devices=2, **fault):
+def _faulty(num_train_steps, num_devices=2):
   return tiny_config(num_train_steps=num_train_steps, max_train_seconds=120.0,
                      mesh=dict(num_devices=num_devices, num_trainer_devices=1),
                      sync=dict(mode="async", every=2), buffer=dict(prefill=8),
-                     searcher=dict(max_restarts=2), fault=fault)
+                     searcher=dict(max_restarts=2))
 
 
 @pytest.mark.parametrize("num_devices", [2, 1])  # async; alternate (batch 3 in a round)
 def test_a_searcher_failure_is_restarted_and_the_run_finishes(tmp_path, capsys, num_devices):
-  c = _faulty(8, num_devices, searcher_fail_at=3)
-  assert loop.run(c, str(tmp_path), task=toy_task(c))["step"] == 8
+  c = _faulty(8, num_devices)
+  plan = faults.Plan(searcher_fail_at=3)
+  assert loop.run(c, str(tmp_path), task=toy_task(c), fault_plan=plan)["step"] == 8
   rows = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "loss" in r]
   assert [r["step"] for r in rows] == list(range(1, 9))
   assert rows[-1]["searcher_restarts"] == 1
   err = capsys.readouterr().err
   assert "searcher 0 raised on prompt id(s)" in err and "restarted (1 of searcher.max_restarts=2)" in err
-  assert "InjectedFault: injected failure (fault.searcher_fail_at=3) in reward batch 3" in err
+  assert "InjectedFault: injected failure (searcher_fail_at=3) in reward batch 3" in err
 
 
 def test_a_failure_that_repeats_on_its_prompt_stops_the_run_naming_it(tmp_path):
   # The trainer never waits for searchers, so it gets more steps than it can take before the
   # failure; the time limit ends the run (and fails the test) if the searcher never gives up.
-  c = _faulty(100_000, searcher_fail_at=3, searcher_fail_repeats=True)
+  c = _faulty(100_000)
+  plan = faults.Plan(searcher_fail_at=3, searcher_fail_repeats=True)
   task = toy_task(c)
   stream = PromptStream([p.id for p in task.train], seed=c.seed)  # searcher 0's whole shard
   third = sorted([stream.take(2) for _ in range(3)][-1])
   with pytest.raises(loop.SearcherError) as e:
-    loop.run(c, str(tmp_path), task=task)
+    loop.run(c, str(tmp_path), task=task, fault_plan=plan)
   assert f"searcher 0: prompt id(s) {third} failed again after a restart" in str(e.value)
   assert "InjectedFault" in str(e.value)
   saved = sorted(os.listdir(tmp_path / "checkpoints"))

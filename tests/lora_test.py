@@ -283,7 +283,7 @@ def test_the_reference_logprobs_with_lora_are_the_base_models(tiny_cfg):
   pool = config_builders.searcher_pool(
       c.sampler, task, _ByteIds(), cfg, [searcher_mesh], publish=publish, params=adapters,
       reference=None, prompt_tokens={0: [5, 6, 7], 1: [9, 8]}, max_prompt_len=4, seed=0,
-      max_restarts=0, fault_cfg=c.fault)
+      max_restarts=0)
   searcher = pool.searchers[0]
   searcher.search_once()
   entries = searcher.buffer.drain_new()

@@ -1,6 +1,8 @@
 """`python -m experiments.gsm8k` with a log of what the searchers commit (experiment_test.py).
 
-  python tests/resume_worker.py LOG [experiment flags ...]
+  python tests/resume_worker.py LOG FAULTS [experiment flags ...]
+
+(FAULTS: tests/fault_worker.py's, "" = none.)
 
 Each line of LOG is JSON: {"commit": [digests], "rows": [prompt ids], "thread": name} for
 every batch a searcher commits to its local buffer (and for the entries a resume hands
@@ -12,9 +14,10 @@ order in the file is the order in which they happened.
 import hashlib
 import json
 import os
-import runpy
 import sys
 import threading
+
+import fault_worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,5 +73,4 @@ def _instrument(path: str) -> None:
 if __name__ == "__main__":
   sys.path.insert(0, ROOT)
   _instrument(sys.argv[1])
-  sys.argv = ["experiments.gsm8k"] + sys.argv[2:]
-  runpy.run_module("experiments.gsm8k", run_name="__main__", alter_sys=True)
+  fault_worker.run(sys.argv[2], "gsm8k", sys.argv[3:])

@@ -3,7 +3,7 @@ import jax
 import numpy as np
 import pytest
 
-from tba_jax import sharding, weight_sync
+from tba_jax import faults, sharding, weight_sync
 from tba_jax.batch import Layout
 from tba_jax.model import init_params
 from tba_jax.replay_buffer import ReplayBuffer
@@ -208,9 +208,9 @@ def test_a_streaming_run_trains_to_the_end_through_a_restart_and_checkpoints(
                   mesh=dict(num_devices=num_devices, num_trainer_devices=1),
                   sampler=dict(num_slots=8), sync=dict(mode="async", every=2,
                                                        in_flight_updates=in_flight),
-                  buffer=dict(prefill=8), searcher=dict(max_restarts=2),
-                  fault=dict(searcher_fail_at=3))
-  assert loop.run(c, str(tmp_path), task=toy_task(c))["step"] == 8
+                  buffer=dict(prefill=8), searcher=dict(max_restarts=2))
+  plan = faults.Plan(searcher_fail_at=3)
+  assert loop.run(c, str(tmp_path), task=toy_task(c), fault_plan=plan)["step"] == 8
   out = capsys.readouterr()
   assert "searchers keep 8 rows in flight (continuous batching" in out.out
   assert "restarted (1 of searcher.max_restarts=2)" in out.err
@@ -236,8 +236,7 @@ def test_the_config_builds_streaming_searchers_and_names_a_slot_count_that_canno
     return config_builders.searcher_pool(
         c.sampler, task, tok, tiny_cfg, [mesh], publish=lambda p, i: p, params=params,
         reference=None, prompt_tokens=config_builders.encode_prompts(task.train, task, tok, 16),
-        max_prompt_len=16, seed=0, max_restarts=0, fault_cfg=c.fault,
-        in_flight_updates=in_flight)
+        max_prompt_len=16, seed=0, max_restarts=0, in_flight_updates=in_flight)
 
   (searcher,) = pool(4, False).searchers
   assert isinstance(searcher.rows, StreamingRows) and not searcher.rows.in_flight_updates
