@@ -105,6 +105,8 @@ import os
 import ml_collections
 
 from configs import common
+from tba_jax import config_checks
+from tba_jax.config_checks import key
 
 VARIANTS = ("pythia410m", "pythia1b", "pythia2p8b", "pythia410m_table1", "tiny")
 TINY_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tldr_tiny")
@@ -130,7 +132,9 @@ def _common(c):
       num_train_problems=0)  # 0 = all
   c.task.reward_model = "mnoukhov/pythia410m-rm-tldr6.9b"  # the training reward (or "random")
   c.task.gold_reward_model = "cleanrl/EleutherAI_pythia-6.9b-deduped__reward__tldr"  # win rate
-  c.task.reward_dtype = "float32"  # of both reward models
+  c.task.update(config_checks.declare(dict(
+      reward_dtype=key("float32", ("float32", "bfloat16")),  # of both reward models
+  ), "task."))
   c.mesh.update(num_trainer_devices=1, num_searchers=3)
   c.sampler.update(
       temperature=0.7,          # sampling and training temperature (the tempered policy)

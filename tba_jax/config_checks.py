@@ -3,72 +3,109 @@
 `validate(config)` runs before anything is loaded or written (loop.run calls it
 first), so a misspelt mode or an out-of-range value stops the run with one line
 per problem naming the key, the value and what is allowed, instead of running
-with a silently different behaviour. `apply_overrides` is the parser behind
-`configs/gsm8k.py:VARIANT,key=value,...`; the command line's
-`--config.key=value` errors are explained with the same words
-(experiments/gsm8k.py).
+with a silently different behaviour. Each key's own check is declared beside its
+default in the config file (`name=key(default, check)`, configs/common.py; `declare`
+collects them); the checks that relate several keys are here. `apply_overrides` is
+the parser behind `configs/gsm8k.py:VARIANT,key=value,...`; the command line's
+`--config.key=value` errors are explained with the same words (experiments/launch.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
-from typing import Any, Callable, Iterable
+import re
+from typing import Any, Callable, Collection, Iterable
 
-from tba_jax import config_builders, replay_buffer, verifiers
 from tba_jax.errors import ConfigError  # noqa: F401 (public here too: config_checks.ConfigError)
 from tba_jax.model_config import LORA_TARGETS
 
-# Keys whose value must be one of a fixed set. The seams' names come from their tables
-# (a task, loss or schedule added there is allowed here with no second list).
-CHOICES = {
-    "sync.mode": ("async", "alternate"),
-    "loss.name": tuple(config_builders.LOSSES),
-    "optim.schedule": tuple(config_builders.SCHEDULES),
-    "buffer.eviction": replay_buffer.EVICTION_POLICIES,
-    "task.name": tuple(config_builders.TASKS),
-    "task.verifier": verifiers.VERIFIERS,
-    "task.thinking": ("auto", "on", "off"),
-    "buffer.priority": replay_buffer.PRIORITIES,
-    "loss.log_z": ("vargrad", "learned", "behaviour"),
-    "model.dtype": ("float32", "bfloat16"),
-    "sync.weights_dtype": ("", "float32", "bfloat16"),
-    "model.add_bos": ("auto", "on", "off"),
-    "eval.devices": ("trainer", "searcher"),
-    "optim.moments_dtype": ("float32", "bfloat16"),
-}
-# Keys only one task has, checked when the config's task.name is that task.
-TASK_CHOICES = {"tldr": {"task.reward_dtype": ("float32", "bfloat16")}}
-# Counts and periods that must be >= 1.
-AT_LEAST_ONE = (
-    "num_train_steps", "task.max_prompt_len", "mesh.num_trainer_devices", "mesh.num_searchers",
-    "mesh.trainer_tensor", "mesh.searcher_tensor", "sampler.max_new_tokens",
-    "sampler.num_samples_per_prompt", "sampler.num_prompts_per_batch", "loss.beta_anneal_steps",
-    "optim.num_microbatches", "buffer.num_prompts", "buffer.samples_per_prompt",
-    "buffer.max_per_prompt", "buffer.prefill", "sync.every", "eval.max_new_tokens",
-    "loss.ref_temp_steps", "loss.target_temp_steps",
-    "eval.batch_size", "checkpoint.every", "checkpoint.max_to_keep", "log.every")
-# Sizes, periods and coefficients where 0 means "off" / "all" / "none".
-AT_LEAST_ZERO = (
-    "max_train_seconds", "task.num_train_problems", "mesh.num_cpu_devices", "mesh.num_devices",
-    "sampler.top_k", "loss.beta_start", "loss.beta_end", "loss.beta_switch_step",
-    "loss.ratio_clip", "loss.kl_coef", "loss.ref_reset_every", "optim.learning_rate",
-    "optim.warmup_steps", "optim.stable_steps", "optim.decay_steps", "optim.weight_decay",
-    "optim.grad_clip_norm", "buffer.max_entries", "eval.every", "eval.every_seconds",
-    "eval.num_problems", "eval.num_samples", "eval.temperature", "searcher.max_restarts",
-    "model.lora.rank", "sampler.min_new_tokens", "eval.min_new_tokens", "buffer.near_duplicate",
-    "buffer.freeze_step", "optim.linear_decay_steps", "sampler.num_slots",
-    "searcher.mismatch_every")
-# Closed intervals [low, high].
-INTERVALS = {
-    "buffer.m": (0.0, 1.0), "buffer.reward_weight": (0.0, 1.0), "optim.b1": (0.0, 1.0),
-    "optim.b2": (0.0, 1.0), "sampler.explore_prob": (0.0, 1.0),
-}
-# Open below: must be > 0.
-POSITIVE = ("sampler.temperature", "sampler.top_p", "buffer.reward_tau", "model.lora.alpha",
-            "sampler.explore_low", "sampler.explore_high", "loss.ref_temp_start",
-            "loss.ref_temp_end", "loss.target_temp_start", "loss.target_temp_end",
-            "loss.log_z_learning_rate")
-PROMPT_STYLES = ("paper", "chat")
+# A check: ">= N", "> N", "<= N", "< N"; an interval "[lo, hi]" (or with "(" / ")": open);
+# a collection of the allowed values (a dict: its keys, read when validating, so a task
+# registered since is allowed); or a function of the value giving what is wrong, or None.
+Check = str | Collection | Callable[[Any], "str | None"]
+_COMPARE = re.compile(r"^(>=|>|<=|<) (-?[\d.e-]+)$")
+_INTERVAL = re.compile(r"^([\[(])(-?[\d.e-]+), (-?[\d.e-]+)([\])])$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+  """A config key's default with its check, as a config file declares it."""
+  default: Any
+  check: Check
+
+
+def key(default, check: Check) -> Key:
+  """`name=key(default, check)` in a config file's section (see `declare`)."""
+  if _failure(check, default):  # a malformed check, or a default it refuses, fails here
+    raise ValueError(f"the default {default!r} fails its own check {check!r}")
+  return Key(default, check)
+
+
+# Dotted key -> its check, from every section `declare` has seen.
+CHECKS: dict[str, Check] = {}
+
+
+def declare(tree: dict, prefix: str = "") -> dict:
+  """`tree` (nested dicts) with each Key replaced by its default; the checks recorded
+  in CHECKS under their dotted names ("sampler.top_p")."""
+  out = {}
+  for name, value in tree.items():
+    if isinstance(value, Key):
+      CHECKS[prefix + name] = value.check
+      value = value.default
+    elif isinstance(value, dict):
+      value = declare(value, f"{prefix}{name}.")
+    out[name] = value
+  return out
+
+
+def _number(text: str) -> float:
+  return float(text) if any(c in text for c in ".e") else int(text)
+
+
+def _failure(check: Check, value) -> str | None:
+  """What `value` must be when it fails `check`; None when it passes."""
+  if callable(check):
+    return check(value)
+  if not isinstance(check, str):
+    return None if value in check else "one of " + ", ".join(map(repr, check))
+  compare, interval = _COMPARE.match(check), _INTERVAL.match(check)
+  if not (compare or interval):
+    raise ValueError(f"config check {check!r}: not one of '>= N', '> N', '[lo, hi]', '(lo, hi]'")
+  must = check if compare else f"in {check}"
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    return must
+  if compare:
+    op, bound = compare.group(1), _number(compare.group(2))
+    ok = {">=": value >= bound, ">": value > bound, "<=": value <= bound, "<": value < bound}[op]
+  else:
+    lo, hi = _number(interval.group(2)), _number(interval.group(3))
+    ok = ((lo <= value if interval.group(1) == "[" else lo < value) and
+          (value <= hi if interval.group(4) == "]" else value < hi))
+  return None if ok else must
+
+
+def prompt_style(style) -> str | None:
+  """task.prompt_style's check: a known style, or a format string of {question}."""
+  if style in ("paper", "chat"):
+    return None
+  try:
+    style.format(question="")
+    if "{question}" in style:
+      return None
+  except (KeyError, IndexError, ValueError, AttributeError):
+    pass
+  return "'paper', 'chat' or a format string whose only field is {question}"
+
+
+def lora_targets(value) -> str | None:
+  """model.lora.targets' check: "all", or distinct projection names."""
+  targets = [t.strip() for t in str(value).split(",")]
+  if targets == ["all"] or (all(t in LORA_TARGETS for t in targets) and
+                            len(set(targets)) == len(targets)):
+    return None
+  return f"'all' or distinct names from {','.join(LORA_TARGETS)}"
 
 
 def flat_keys(config, prefix: str = "") -> list[str]:
@@ -101,49 +138,20 @@ def unknown_key_message(key: str, config) -> str:
 
 def _problems(config) -> Iterable[str]:
   get = lambda key: lookup(config, key)
-  checks: list[tuple[str, Callable[[Any], bool], str]] = []
-  task_choices = TASK_CHOICES.get(get("task.name"), {})
-  # task.name read now: an experiment may have registered its task since import (TASKS).
-  choices = {**CHOICES, "task.name": tuple(config_builders.TASKS), **task_choices}
-  checks += [(k, lambda v, c=c: v in c, "one of " + ", ".join(map(repr, c)))
-             for k, c in choices.items()]
-  checks += [(k, lambda v: v >= 1, ">= 1") for k in AT_LEAST_ONE]
-  checks += [(k, lambda v: v >= 0, ">= 0") for k in AT_LEAST_ZERO]
-  checks += [(k, lambda v, lo=lo, hi=hi: lo <= v <= hi, f"in [{lo}, {hi}]")
-             for k, (lo, hi) in INTERVALS.items()]
-  checks += [(k, lambda v: v > 0, "> 0") for k in POSITIVE]
-  checks += [("sampler.top_p", lambda v: v <= 1, "<= 1"),
-             ("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)")]
-  for key, ok, allowed in checks:
+  if not CHECKS:
+    raise ConfigError("config: no key has a check: build the config with configs/common.py's "
+                      "base() (its keys declare their checks)")
+  for name, check in CHECKS.items():
     try:
-      value = get(key)
+      value = get(name)
     except (KeyError, AttributeError, TypeError):
-      yield f"{key}: missing"
-      continue
-    try:
-      good = ok(value)
-    except TypeError:  # e.g. a string where a number belongs
-      good = False
-    if not good:
-      close = difflib.get_close_matches(str(value), choices.get(key, ()), n=1)
+      continue  # a key this config has not (another task's, or one its recipe removed)
+    allowed = _failure(check, value)
+    if allowed:
+      choices = check if isinstance(check, Collection) and not isinstance(check, str) else ()
+      close = difflib.get_close_matches(str(value), list(choices), n=1)
       hint = f" (did you mean {close[0]!r}?)" if close else ""
-      yield f"{key}={value!r}: must be {allowed}{hint}"
-  # Tasks with a fixed prompt (TL;DR's is the dataset's query) have no prompt_style.
-  style = get("task.prompt_style") if "prompt_style" in get("task") else "paper"
-  if style not in PROMPT_STYLES:
-    try:
-      style.format(question="")
-      has_question = "{question}" in style
-    except (KeyError, IndexError, ValueError):
-      has_question = False
-    if not has_question:
-      yield (f"task.prompt_style={style!r}: must be 'paper', 'chat' or a format string whose "
-             "only field is {question}")
-  targets = [t.strip() for t in str(get("model.lora.targets")).split(",")]
-  if targets != ["all"] and (not all(t in LORA_TARGETS for t in targets) or
-                             len(set(targets)) != len(targets)):
-    yield (f"model.lora.targets={get('model.lora.targets')!r}: must be 'all' or distinct names "
-           f"from {','.join(LORA_TARGETS)}")
+      yield f"{name}={value!r}: must be {allowed}{hint}"
   if 0 < get("sampler.explore_high") < get("sampler.explore_low"):
     yield (f"sampler.explore_low={get('sampler.explore_low')!r}: must be <= "
            f"sampler.explore_high={get('sampler.explore_high')!r}")

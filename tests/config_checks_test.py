@@ -71,27 +71,52 @@ def test_red_teaming_settings_are_checked():
       "of buffer.samples_per_prompt attacks)"]
 
 
-@pytest.mark.parametrize("key", sorted(config_checks.CHOICES))
+gsm8k_config.get_config("tiny")  # its keys' checks declared (config_checks.CHECKS)
+ENUMERATED = {k: c for k, c in config_checks.CHECKS.items()
+              if not isinstance(c, str) and not callable(c)}
+RANGED = {k: c for k, c in config_checks.CHECKS.items() if isinstance(c, str)}
+
+
+def _outside(check: str):
+  """A value outside the range `check` allows (">= 1" -> 0, "[0, 1]" -> 1.5)."""
+  bound = check.split()[-1].strip("[]()")
+  if check.startswith(">="):
+    return int(bound) - 1 if bound.isdigit() else float(bound) - 1
+  if check.startswith(">"):
+    return float(bound) if "." in bound else int(bound)
+  return float(bound) + 0.5
+
+
+def test_every_key_that_had_a_check_has_one_beside_its_default():
+  """The checks live in the config file now (configs/common.py); none was lost."""
+  assert len(ENUMERATED) == 14 and len(RANGED) == 72
+  assert config_checks.CHECKS["task.prompt_style"] is config_checks.prompt_style
+  assert config_checks.CHECKS["model.lora.targets"] is config_checks.lora_targets
+
+
+def test_a_check_that_refuses_its_own_default_fails_where_it_is_written():
+  with pytest.raises(ValueError, match=r"the default 0 fails its own check '>= 1'"):
+    config_checks.key(0, ">= 1")
+  with pytest.raises(ValueError, match=r"config check '=> 1': not one of"):
+    config_checks.key(1, "=> 1")
+
+
+@pytest.mark.parametrize("key", sorted(ENUMERATED))
 def test_each_enumerated_key_refuses_a_value_outside_its_choices(key):
   bad = "asynch" if key == "sync.mode" else "bogus"
   c = _config(**{key.replace(".", "__"): bad})
-  allowed = ", ".join(repr(v) for v in config_checks.CHOICES[key])
+  allowed = ", ".join(repr(v) for v in ENUMERATED[key])
   with pytest.raises(ConfigError) as e:
     config_checks.validate(c)
   assert str(e.value) == f"config: {key}={bad!r}: must be one of {allowed}" + \
       (" (did you mean 'async'?)" if key == "sync.mode" else "")
 
 
-@pytest.mark.parametrize("key,bad,allowed", [
-    *[(k, 0, ">= 1") for k in config_checks.AT_LEAST_ONE],
-    *[(k, -1, ">= 0") for k in config_checks.AT_LEAST_ZERO],
-    *[(k, 1.5, f"in [{lo}, {hi}]") for k, (lo, hi) in config_checks.INTERVALS.items()],
-    *[(k, 0.0, "> 0") for k in config_checks.POSITIVE],
-    ("sampler.top_p", 1.5, "<= 1"),
-])
-def test_each_ranged_key_refuses_a_value_outside_its_range(key, bad, allowed):
-  c = _config(**{key.replace(".", "__"): bad})
+@pytest.mark.parametrize("key,check", sorted(RANGED.items()))
+def test_each_ranged_key_refuses_a_value_outside_its_range(key, check):
+  c = _config(**{key.replace(".", "__"): _outside(check)})
   stored = config_checks.lookup(c, key)  # a float field keeps a float
+  allowed = check if check[0] in "<>" else f"in {check}"
   with pytest.raises(ConfigError) as e:
     config_checks.validate(c)
   assert str(e.value) == f"config: {key}={stored!r}: must be {allowed}"
@@ -113,12 +138,12 @@ def test_several_problems_are_listed_one_per_line():
   with pytest.raises(ConfigError) as e:
     config_checks.validate(c)
   assert str(e.value).splitlines() == [
-      "config:", "  sync.mode='x': must be one of 'async', 'alternate'",
-      "  num_train_steps=0: must be >= 1", "  buffer.m=2.0: must be in [0.0, 1.0]"]
+      "config:", "  num_train_steps=0: must be >= 1", "  buffer.m=2.0: must be in [0, 1]",
+      "  sync.mode='x': must be one of 'async', 'alternate'"]
 
 
 def test_the_eviction_choices_are_the_replay_buffers():
-  assert config_checks.CHOICES["buffer.eviction"] == EVICTION_POLICIES
+  assert config_checks.CHECKS["buffer.eviction"] is EVICTION_POLICIES
 
 
 def test_loop_run_refuses_a_bad_value_before_creating_the_workdir(tmp_path):
