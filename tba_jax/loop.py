@@ -67,12 +67,9 @@ SAMPLES_DIR = "eval_samples"
 # ---------------------------------------------------------------------------
 def run(config, workdir: str, task: Task | None = None,
         fault_plan: faults.Plan | None = None) -> dict:
-  """Trains per `config` in `workdir` (resuming from its newest checkpoint).
-
-  A run that already finished (FINISHED_FILE) only says so; one with more
-  num_train_steps than it finished with trains on. `fault_plan`: failures on purpose,
-  a testing aid (tba_jax/faults.py).
-  """
+  """Trains per `config` in `workdir`, resuming from its newest checkpoint; a finished run
+  (FINISHED_FILE) only says so, unless num_train_steps grew. `fault_plan`: failures on
+  purpose (a testing aid, tba_jax/faults.py)."""
   c = config
   # Nothing is loaded or written before the config is known to be runnable.
   config_checks.validate(c)
@@ -152,8 +149,7 @@ def run(config, workdir: str, task: Task | None = None,
   evaluate = _Evaluation(c, workdir, task, evaluator, pool, publish, meshes.index(eval_mesh),
                          eval_mesh, writer, is_main)
   stop = interrupts.StopRequest(saves.checkpointer.directory).install()
-  # A testing aid; None unless the plan stops this process.
-  stop_here = fault_plan and fault_plan.process_stop(jax.process_index())
+  stop_here = fault_plan and fault_plan.process_stop(jax.process_index())  # a testing aid
   training = start_step < c.num_train_steps  # else only the final evaluation is left
 
   try:
