@@ -70,19 +70,21 @@ def as_reply(out: Reply | str | None) -> Reply | None:
 _CALL = re.compile(r"<tool>(.*?)</tool>\s*$", re.S)
 
 
-def tool_reply(tools: Mapping[str, Callable[[str], str]], *, default: str | None = None
-               ) -> ReplyFn:
+def tool_reply(tools: Mapping[str, Callable[[str], str]], *, default: str | None = None,
+               bare_calls: bool = False) -> ReplyFn:
   """A ReplyFn for turns that end in `<tool>NAME: ARGUMENT</tool>`: runs tools[NAME] on the
   argument and answers `<result>OUTPUT</result>` (a tool's output starting with "error"
   counts as a tool error). `default`: the tool of a call without "NAME:" (None: such a call
-  is an error). A turn without a call is the last one (done)."""
+  is an error). A turn without a call is the last one (done), unless `bare_calls`: then the
+  whole turn is a call of the `default` tool (the tiny recipe's random model, which never
+  writes the tags)."""
 
   def reply(problem: Any, text: str) -> Reply | None:
     del problem  # tools answer the call alone
     match = _CALL.search(text)
-    if match is None:
+    if match is None and not bare_calls:
       return None
-    call = match.group(1).strip()
+    call = (match.group(1) if match else text).strip()
     name, sep, argument = call.partition(":")
     name = name.strip()
     if not sep or name not in tools:
