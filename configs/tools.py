@@ -20,7 +20,7 @@ task.tools: the environment (tasks/environment.py): `tool` (calculator | python)
 `max_turns`, `max_turn_tokens`, `max_reply_tokens`, `timeout_s` (the Python tool's limit),
 `num_workers` (threads running tools beside the decode loop), `stop` (comma-separated stop
 strings), `bare_calls`. sampler.max_new_tokens bounds the whole trajectory, replies included.
-Turns run in static searchers (sampler.num_slots = 0).
+Static and streaming searchers (sampler.num_slots > 0: a turns.TurnPool) both run turns.
 """
 from configs import common, gsm8k
 

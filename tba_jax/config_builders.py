@@ -354,12 +354,11 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
                       top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
                       pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=s.min_new_tokens,
                       end_with_eos=s.end_with_eos)
-    if task.environment is not None and s.num_slots:
-      raise ConfigError(f"sampler.num_slots={s.num_slots}: the {task.name} task has turns "
-                        "(an environment), which only static searchers run so far; set "
-                        "sampler.num_slots=0")
+    turns = (None if task.environment is None else
+             (task.environment, tokenizer.encode, tokenizer.decode))
     try:
-      rows = (StreamingRows(sampler, num_slots=s.num_slots, in_flight_updates=in_flight_updates)
+      rows = (StreamingRows(sampler, num_slots=s.num_slots, in_flight_updates=in_flight_updates,
+                            turns=turns)
               if s.num_slots else
               TurnRows(TurnSampler(sampler, task.environment, tokenizer.encode, tokenizer.decode))
               if task.environment is not None else StaticRows(sampler))

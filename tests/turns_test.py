@@ -135,3 +135,32 @@ def test_turn_rows_make_entries_with_model_masks(tiny_cfg):
     assert text == decode(e.completion)  # the reward stage sees the whole transcript
     assert (e.behaviour_logprobs[e.model_mask == 0] == 0).all()
   assert searcher.stats.turns >= 4 and searcher.stats.tool_calls > 0
+
+
+def test_streaming_rows_with_turns_refill_slots_and_keep_the_trajectory_exact(tiny_cfg):
+  """A pool of 4 slots for 3 prompts x 2 samples: rows start as slots free up, replies land in
+  their rows' caches, and every model token's sampler log-prob is the full forward's."""
+  from tba_jax.streaming import StreamingRows
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  params = weight_sync.publish(init_params(tiny_cfg, 1),
+                               sharding.param_shardings(tiny_cfg, "searcher", mesh))
+  prompts = {0: [5, 6, 7], 1: [8, 9], 2: [10]}
+  searcher = Searcher(
+      0, rows=StreamingRows(_sampler(tiny_cfg), num_slots=4, turns=(_env(), encode, decode)),
+      ref_params=params, mailbox=weight_sync.Mailbox(0, params),
+      stream=PromptStream(list(prompts), seed=0), prompt_tokens=prompts,
+      problems={i: Problem(i, {}, 0.0) for i in prompts}, decode=decode,
+      reward=lambda batch: np.zeros(len(batch), np.float32), num_prompts=3, num_samples=2,
+      max_prompt_len=4, seed=0)
+  assert searcher.search_once() >= 6
+  entries = searcher.buffer.drain_new()
+  assert any((e.model_mask == 0).any() for e in entries) and searcher.stats.tool_calls > 0
+  out = type("Out", (), {})()
+  m = 40
+  out.tokens = np.array([np.pad(e.completion, (0, m - e.length)) for e in entries])
+  out.lengths = np.array([e.length for e in entries])
+  tf = _teacher_forced(tiny_cfg, params, [list(e.prompt) for e in entries], out)
+  for i, e in enumerate(entries):
+    own = e.model_mask > 0
+    np.testing.assert_allclose(e.behaviour_logprobs[own], tf[i, :e.length][own], atol=2e-5)
+    np.testing.assert_allclose(e.ref_logprobs[own], tf[i, :e.length][own], atol=2e-5)
