@@ -47,8 +47,15 @@ def _tiny(c):
 def _cpu(c):
   gsm8k.RECIPES["cpu"](c)
   c.num_train_steps = 60
-  c.task.update(name="tool_multiplication", question_suffix="", max_prompt_len=96)
-  _tools(c)
+  # The assistant's turn opens with "<tool>": SmolLM2 never wrote the tag itself (0 calls on
+  # 16 test problems, greedy and sampled), so the recipe opens it and the model learns to
+  # close the call, write the question's expression and use the result (bare calls: the turn
+  # is the call). Measured base rate with the opened tag (16 test problems): greedy copies
+  # the prompt's example (12 * 34) every time, 0 correct; sampled at T=0.7, 2 of 16 correct.
+  c.task.update(name="tool_multiplication", question_suffix="", max_prompt_len=128,
+                prompt_style="<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+                             "<tool>")
+  _tools(c, bare_calls=True)
   c.sampler.update(max_new_tokens=64, num_samples_per_prompt=8, num_prompts_per_batch=4)
   c.eval.update(every=20, num_problems=64, greedy=True, num_samples=0, max_new_tokens=64)
   c.checkpoint.update(every=20)

@@ -84,7 +84,8 @@ def tool_reply(tools: Mapping[str, Callable[[str], str]], *, default: str | None
     match = _CALL.search(text)
     if match is None and not bare_calls:
       return None
-    call = (match.group(1) if match else text).strip()
+    # A bare call: the turn up to its stop tag (a prompt that opened the tag itself).
+    call = (match.group(1) if match else text.rsplit("</tool>", 1)[0]).strip()
     name, sep, argument = call.partition(":")
     name = name.strip()
     if not sep or name not in tools:
