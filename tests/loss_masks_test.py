@@ -11,7 +11,7 @@ import pytest
 
 from tba_jax import batch as batch_lib
 from tba_jax import entries as entries_lib
-from tba_jax import losses, replay_buffer, sharding
+from tba_jax import losses, replay_buffer
 from tba_jax import train_step as ts
 from tba_jax.model import completion_logits, init_params
 
