@@ -37,7 +37,8 @@ class TrainBatch:
   """N = P prompts x R samples, flat, in the layout above (host NumPy or device arrays)."""
   tokens: np.ndarray             # [N, Tp + Tc] int32, pad id where absent
   attention_mask: np.ndarray     # [N, Tp + Tc] int32, 1 = real prompt/completion token
-  completion_mask: np.ndarray    # [N, Tc] float32, 1 = completion token counted in log pi
+  completion_mask: np.ndarray    # [N, Tc] float32, 1 = completion token counted in log pi (a
+                                 # token the model generated: an environment's are 0)
   ref_logprobs: np.ndarray       # [N, Tc] float32, per-token reference log-probs (tempered)
   behaviour_logprobs: np.ndarray  # [N, Tc] float32, per-token log-probs of the sampling policy
   rewards: np.ndarray            # [N] float32
@@ -117,10 +118,14 @@ def from_entries(entries: Sequence[Entry], layout: Layout, include_eos: bool,
     # include_eos=False drops the EOS token's own log-prob (the authors' pad == eos case);
     # a truncated sample has no EOS, so all its tokens count.
     c = e.length - 1 if e.ended_with_eos and not include_eos else e.length
-    counted[r, :c] = 1.0
+    # Only the model's own tokens count (Entry.model_mask): an environment's reply between
+    # turns is attended to (conditioning) but in no log pi, log pi_ref or baseline.
+    model = e.model_mask[:c] > 0
+    counted[r, :c] = model
     # Log-probs are zero wherever completion_mask is 0, so a plain sum over Tc is exactly
     # the log pi the loss counts.
-    ref[r, :c], beh[r, :c] = e.ref_logprobs[:c], e.behaviour_logprobs[:c]
+    ref[r, :c] = np.where(model, e.ref_logprobs[:c], 0.0)
+    beh[r, :c] = np.where(model, e.behaviour_logprobs[:c], 0.0)
   return TrainBatch(
       tokens=tokens, attention_mask=attention, completion_mask=counted, ref_logprobs=ref,
       behaviour_logprobs=beh, rewards=np.array([e.reward for e in entries], np.float32),

@@ -33,6 +33,7 @@ from tba_jax.schedule import Schedule
 from tba_jax.searcher import Exploration, PromptStream, Searcher, StaticRows
 from tba_jax.searcher_pool import SearcherPool
 from tba_jax.streaming import StreamingRows
+from tba_jax.turns import TurnRows, TurnSampler
 from tba_jax.tasks import Task, arithmetic, as_stage, gsm8k, redteam, tldr
 from tba_jax.tasks import math as math_task  # (not `math`: the stdlib module is used here)
 
@@ -244,18 +245,18 @@ def _arithmetic_task(task_cfg, tokenizer) -> Task:
                                            test_fraction=a.test_fraction)
   except ValueError as e:
     raise ConfigError(f"task.arithmetic: {e}") from None
-  return _question_task(task_cfg, tokenizer, train, test, gsm8k.extract_answer)
+  return question_task(task_cfg, tokenizer, train, test, gsm8k.extract_answer)
 
 
 def _math_word_task(task_cfg, tokenizer, source, answer) -> Task:
   path = task_cfg.data_path or None
   _check_splits(source.data_file("train", path), source.data_file("test", path),
                 task_cfg.test_on_train)
-  return _question_task(task_cfg, tokenizer, source.load("train", path),
+  return question_task(task_cfg, tokenizer, source.load("train", path),
                         source.load("test", path), answer)
 
 
-def _question_task(task_cfg, tokenizer, train, test, answer) -> Task:
+def question_task(task_cfg, tokenizer, train, test, answer) -> Task:
   """A task of questions with a checkable final answer (GSM8K, MATH, arithmetic): the
   prompt style, the verifier and the headline metrics are the config's."""
   if task_cfg.num_train_problems:
@@ -352,9 +353,14 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
                       top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
                       pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=s.min_new_tokens,
                       end_with_eos=s.end_with_eos)
+    turns = (None if task.environment is None else
+             (task.environment, tokenizer.encode, tokenizer.decode))
     try:
-      rows = (StreamingRows(sampler, num_slots=s.num_slots, in_flight_updates=in_flight_updates)
-              if s.num_slots else StaticRows(sampler))
+      rows = (StreamingRows(sampler, num_slots=s.num_slots, in_flight_updates=in_flight_updates,
+                            turns=turns)
+              if s.num_slots else
+              TurnRows(TurnSampler(sampler, task.environment, tokenizer.encode, tokenizer.decode))
+              if task.environment is not None else StaticRows(sampler))
     except ValueError as e:  # num_slots that the searcher's devices cannot split
       raise ConfigError(f"sampler.num_slots={s.num_slots}: {e}") from None
     first = publish(params, i)
@@ -395,12 +401,21 @@ def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelC
   """Greedy and/or sampled evaluation on `mesh`, scored by the task's reward stage."""
   e, s = eval_cfg, sampler_cfg
   problems = task.test[:e.num_problems] if e.num_problems else task.test
-  make_sampler = lambda **kw: Sampler(model_config, max_new_tokens=e.max_new_tokens,
-                                      eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
-                                      mesh=mesh, min_new_tokens=e.min_new_tokens, **kw)
+  prompt_tokens = list(encode_prompts(problems, task, tokenizer, max_prompt_len).values())
+
+  def make_sampler(**kw):
+    sampler = Sampler(model_config, max_new_tokens=e.max_new_tokens, eos_ids=tokenizer.eos_ids,
+                      pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=e.min_new_tokens, **kw)
+    if task.environment is None:
+      return sampler
+    # With turns: each row's problem found by its prompt's tokens (the env's reply sees it).
+    by_prompt = {tuple(t): p for t, p in zip(prompt_tokens, problems)}
+    return TurnSampler(sampler, task.environment, tokenizer.encode, tokenizer.decode,
+                       problems=by_prompt)
+
   return Evaluator(
       problems=problems,
-      prompt_tokens=list(encode_prompts(problems, task, tokenizer, max_prompt_len).values()),
+      prompt_tokens=prompt_tokens,
       decode=tokenizer.decode, reward=as_stage(task.reward).build(mesh),
       eos_ids=tokenizer.eos_ids, batch_size=e.batch_size,
       greedy=make_sampler(greedy=True) if e.greedy else None,

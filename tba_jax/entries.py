@@ -18,8 +18,9 @@ import numpy as np
 SCALAR_FIELDS = (("prompt_id", np.int32), ("reward", np.float32), ("version", np.int32),
                  ("searcher_id", np.int32), ("ended_with_eos", np.int32),
                  ("temperature", np.float32), ("last_version", np.int32))
+# (model_mask last: states and layouts saved before it existed lack it, and load as all ones.)
 PER_TOKEN_FIELDS = (("completion", np.int32), ("ref_logprobs", np.float32),
-                    ("behaviour_logprobs", np.float32))
+                    ("behaviour_logprobs", np.float32), ("model_mask", np.int32))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -39,10 +40,16 @@ class Entry:
   ended_with_eos: bool = False    # False: truncated at the max length, no EOS
   temperature: float = 1.0        # the sampling temperature of its batch (searchers explore)
   last_version: int | None = None
+  # [L] int32, 1 where the model generated the token, 0 where the environment wrote it (a
+  # tool's reply between turns: conditioning, never counted in log pi or log pi_ref).
+  # None: all ones (a single-turn completion, and states saved before turns existed).
+  model_mask: np.ndarray | None = None
 
   def __post_init__(self):
     if self.last_version is None:  # sampled under one version (and states saved before)
       object.__setattr__(self, "last_version", self.version)
+    if self.model_mask is None:
+      object.__setattr__(self, "model_mask", np.ones(np.shape(self.completion)[:1], np.int32))
 
   @property
   def length(self) -> int:
@@ -50,8 +57,8 @@ class Entry:
 
   @property
   def ref_logprob_sum(self) -> float:
-    """log pi_ref(y|x) over all completion tokens (EOS included)."""
-    return float(np.sum(self.ref_logprobs, dtype=np.float64))
+    """log pi_ref(y|x) over the model's completion tokens (EOS included)."""
+    return float(np.sum(np.where(self.model_mask > 0, self.ref_logprobs, 0.0), dtype=np.float64))
 
 
 def frozen(x, dtype) -> np.ndarray:
@@ -66,9 +73,13 @@ def normalized(e: Entry) -> Entry:
   """A validated copy with frozen arrays and plain Python scalars."""
   completion = frozen(e.completion, np.int32)
   ref, beh = frozen(e.ref_logprobs, np.float32), frozen(e.behaviour_logprobs, np.float32)
-  if ref.shape != completion.shape or beh.shape != completion.shape:
+  mask = frozen(e.model_mask, np.int32)
+  if ref.shape != completion.shape or beh.shape != completion.shape or mask.shape != completion.shape:
     raise ValueError(f"prompt id {e.prompt_id}: {completion.size} completion tokens but "
-                     f"{ref.size} reference and {beh.size} behaviour log-probs")
+                     f"{ref.size} reference and {beh.size} behaviour log-probs and a model mask "
+                     f"of {mask.size}")
+  if not np.isin(mask, (0, 1)).all():
+    raise ValueError(f"prompt id {e.prompt_id}: model_mask holds values other than 0 and 1")
   if e.ended_with_eos and completion.size == 0:
     raise ValueError(f"prompt id {e.prompt_id}: ended_with_eos with an empty completion")
   if e.last_version < e.version:
@@ -80,7 +91,8 @@ def normalized(e: Entry) -> Entry:
   # all-gather without x64) is lossless and every host holds bit-identical buffers.
   return Entry(int(e.prompt_id), frozen(e.prompt, np.int32), completion,
                float(np.float32(e.reward)), ref, beh, int(e.version), int(e.searcher_id),
-               bool(e.ended_with_eos), float(np.float32(e.temperature)), int(e.last_version))
+               bool(e.ended_with_eos), float(np.float32(e.temperature)), int(e.last_version),
+               mask)
 
 
 def check_fits(entries: Iterable[Entry], max_prompt_len: int, max_completion_len: int):
@@ -130,6 +142,6 @@ def unpack(arrays: dict[str, np.ndarray]) -> list[Entry]:
   for i in range(int(a["count"])):
     # A layout saved before a field existed lacks it: the field's default.
     fields = {n: a[n][i].item() for n, _ in SCALAR_FIELDS if n in a}
-    fields.update({n: a[n][i, :a["length"][i]] for n, _ in PER_TOKEN_FIELDS})
+    fields.update({n: a[n][i, :a["length"][i]] for n, _ in PER_TOKEN_FIELDS if n in a})
     out.append(normalized(Entry(prompt=a["prompt"][i, :a["prompt_len"][i]], **fields)))
   return out

@@ -470,7 +470,7 @@ class ReplayBuffer:
       off = np.concatenate([[0], np.cumsum(s["length"])])
       for i, seq in enumerate(s["seq"].tolist()):  # in seq order, so every dict order holds
         fields = {n: s[n][i].item() for n, _ in SCALAR_FIELDS if n in s}
-        fields.update({n: s[n][off[i]:off[i + 1]] for n, _ in PER_TOKEN_FIELDS})
+        fields.update({n: s[n][off[i]:off[i + 1]] for n, _ in PER_TOKEN_FIELDS if n in s})
         self._insert(normalized(Entry(prompt=self._prompts[fields["prompt_id"]], **fields)), seq)
       self._pending = set(s["pending"].tolist())
       self._latest, self._latest_left = s["latest"].tolist(), s["latest_left"].tolist()

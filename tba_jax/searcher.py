@@ -119,6 +119,15 @@ class SearchStats:
   reward_sum: float = 0.0
   tokens: int = 0
   mismatch: float = float("nan")  # the latest sampler-vs-trainer check (_check_mismatch)
+  # Multi-turn rows (zero without an environment): model turns, tool calls, tool errors and
+  # seconds in the environment's replies, summed over samples; correct samples (reward > 0)
+  # and those of them that called a tool.
+  turns: int = 0
+  tool_calls: int = 0
+  tool_errors: int = 0
+  tool_seconds: float = 0.0
+  correct: int = 0
+  correct_with_tool: int = 0
 
 
 # ---------------------------------------------------------------------------
@@ -131,6 +140,13 @@ class Sample:
   behaviour_logprobs: np.ndarray  # [n] float32: the sampler's tempered per-token log-probs
   first_version: int              # the version its prompt was prefilled under (staleness)
   last_version: int               # the version of its last decode step
+  # Multi-turn rows (turns.TurnRows): 1 = a token the model generated, 0 = an environment's
+  # reply (None: all the model's), and what the row's environment did.
+  model_mask: np.ndarray | None = None
+  turns: int = 1
+  tool_calls: int = 0
+  tool_errors: int = 0
+  tool_seconds: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +173,7 @@ class Feed(Protocol):
   key: jax.Array            # the searcher's key: its sources' random streams fold into it
   mailbox: Mailbox          # the newest published weights
   prompt_tokens: dict[int, list[int]]
+  problems: dict[int, Problem]  # the task data of each prompt id (an environment's rows)
   num_prompts: int          # P: groups per reward batch (a static batch's prompts)
   num_samples: int          # S: rows per prompt
   max_prompt_len: int
@@ -325,6 +342,7 @@ class Searcher:
         entries = self.score(piece, sampled.policy)
         with self.lock:  # a snapshot sees a group's entries, or its prompt in flight
           self._record(entries)
+          self._record_turns(piece, entries)
           for group in piece:
             self._in_flight.remove(group.prompt_id)
           self.rows.committed(piece)
@@ -361,7 +379,8 @@ class Searcher:
                   reward=float(rewards[r]), ref_logprobs=ref[r, :sample.tokens.size],
                   behaviour_logprobs=sample.behaviour_logprobs, version=sample.first_version,
                   searcher_id=self.id, ended_with_eos=bool(ended[r]),
-                  temperature=group.temperature, last_version=sample.last_version)
+                  temperature=group.temperature, last_version=sample.last_version,
+                  model_mask=sample.model_mask)
             for r, (group, sample) in enumerate(rows)]
 
   def _record(self, entries: list[Entry]) -> None:
@@ -370,6 +389,20 @@ class Searcher:
     self.stats.num_samples += len(entries)
     self.stats.reward_sum += float(sum(e.reward for e in entries))
     self.stats.tokens += sum(e.length for e in entries)
+
+  def _record_turns(self, groups: Sequence[Group], entries: list[Entry]) -> None:
+    """The turn counters of `groups`' samples (entries in the same order; lock held)."""
+    samples = [sample for group in groups for sample in group.samples]
+    if not any(sample.model_mask is not None for sample in samples):
+      return  # single-turn rows: the counters stay 0
+    st = self.stats
+    for sample, entry in zip(samples, entries):
+      st.turns += sample.turns
+      st.tool_calls += sample.tool_calls
+      st.tool_errors += sample.tool_errors
+      st.tool_seconds += sample.tool_seconds
+      st.correct += entry.reward > 0
+      st.correct_with_tool += entry.reward > 0 and sample.tool_calls > 0
 
   def _check_mismatch(self, policy, rows, prompts) -> None:
     """stats.mismatch: mean over the rows sampled wholly under `policy`'s version (at the
@@ -385,8 +418,10 @@ class Searcher:
     samples = [rows[r][1] for r in picked]
     lp = self._teacher_forced(sampler.model_config, params, [prompts[r] for r in picked],
                               [s.tokens for s in samples])
-    gaps = [abs(float(np.sum(lp[i, :s.tokens.size], dtype=np.float64) -
-                      np.sum(s.behaviour_logprobs, dtype=np.float64)))
+    # Over the model's own tokens (an environment's reply has no sampler log-probs).
+    own = lambda s, x: x if s.model_mask is None else np.where(s.model_mask > 0, x, 0.0)
+    gaps = [abs(float(np.sum(own(s, lp[i, :s.tokens.size]), dtype=np.float64) -
+                      np.sum(own(s, s.behaviour_logprobs), dtype=np.float64)))
             for i, s in enumerate(samples)]
     self.stats.mismatch = float(np.mean(gaps))
 

@@ -319,4 +319,17 @@ class SearcherPool:
             "searcher_restarts": self._restarts_all,
             # The latest sampler-vs-trainer check of this process's searchers (nan: none yet).
             "sampler_mismatch": max((sr.stats.mismatch for sr in self.searchers),
-                                    key=lambda x: -1.0 if math.isnan(x) else x)}
+                                    key=lambda x: -1.0 if math.isnan(x) else x),
+            **self._turn_metrics(samples)}
+
+  def _turn_metrics(self, samples: int) -> dict:
+    """Multi-turn searchers' figures since the run started (none for single-turn rows)."""
+    total = lambda name: sum(getattr(sr.stats, name) for sr in self.searchers)
+    if not total("turns"):
+      return {}
+    return {"tools/turns_per_sample": total("turns") / max(samples, 1),
+            "tools/calls_per_sample": total("tool_calls") / max(samples, 1),
+            "tools/error_fraction": total("tool_errors") / max(total("tool_calls"), 1),
+            "tools/seconds_per_call": total("tool_seconds") / max(total("tool_calls"), 1),
+            "tools/correct_with_tool_fraction": total("correct_with_tool") /
+                                                max(total("correct"), 1)}

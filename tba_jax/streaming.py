@@ -38,6 +38,7 @@ from typing import Sequence
 import jax
 
 from tba_jax import continuous
+from tba_jax import turns as turns_lib
 from tba_jax.sampler import Sampler
 from tba_jax.searcher import Feed, Group, Sample, Sampled
 
@@ -52,13 +53,16 @@ class _Group:
 
 class StreamingRows:
   """A RowSource (searcher.py) over a continuous-batching pool of `num_slots` rows (module
-  doc); `chunk_steps` and `window_step` as continuous.Stream's."""
+  doc); `chunk_steps` and `window_step` as continuous.Stream's. `turns`: (environment,
+  encode, decode) of a multi-turn task: the slots are then a turns.TurnPool (replies between
+  model turns, in one KV cache per row), with continuous.Stream's interface."""
 
   def __init__(self, sampler: Sampler, *, num_slots: int, in_flight_updates: bool = True,
                chunk_steps: int = continuous.DEFAULT_CHUNK_STEPS,
-               window_step: int = continuous.DEFAULT_WINDOW_STEP):
+               window_step: int = continuous.DEFAULT_WINDOW_STEP, turns: tuple | None = None):
     continuous.check_pool(sampler, num_slots, chunk_steps, window_step)
     self.sampler, self.num_slots, self.in_flight_updates = sampler, num_slots, in_flight_updates
+    self.turns = turns
     self.chunk_steps, self.window_step = chunk_steps, window_step
     self.num_groups = 0  # prompt groups taken; group g samples rows g*S .. g*S+S-1
     self._groups: dict[int, _Group] = {}  # taken and not handed back, in taking order
@@ -77,6 +81,7 @@ class StreamingRows:
     for g in ready:
       group = self._groups.pop(g)
       groups.append(Group(group.prompt_id, group.temperature, tuple(
+          c.sample() if self.turns else
           Sample(c.tokens, c.tempered_logprobs, c.first_version, c.last_version)
           for c in (group.ended[k] for k in range(s)))))
     return Sampled(groups, (self._slots.version, self._slots.params))
@@ -84,7 +89,12 @@ class StreamingRows:
   def _take_weights(self, feed: Feed) -> None:
     """The mailbox's newest weights, between two decode chunks (module doc, Weights)."""
     version, params = feed.mailbox.get()
-    if self._slots is None:
+    if self._slots is None and self.turns:
+      self._slots = turns_lib.TurnPool(
+          self.sampler, *self.turns, params, jax.random.fold_in(feed.key, 0),
+          num_slots=self.num_slots, max_prompt_len=feed.max_prompt_len,
+          chunk_steps=self.chunk_steps, version=version)
+    elif self._slots is None:
       self._slots = continuous.Stream(
           self.sampler, params, jax.random.fold_in(feed.key, 0), num_slots=self.num_slots,
           max_prompt_len=feed.max_prompt_len, chunk_steps=self.chunk_steps,
@@ -105,7 +115,11 @@ class StreamingRows:
         g, self.num_groups = self.num_groups, self.num_groups + 1
         temperature = feed.temperature(g)
         self._groups[g] = _Group(prompt_id, temperature)
-      slots.add([feed.prompt_tokens[prompt_id]] * s, range(g * s, g * s + s), temperature)
+      rows = ([feed.prompt_tokens[prompt_id]] * s, range(g * s, g * s + s), temperature)
+      if self.turns:  # an environment's replies see the row's problem
+        slots.add(*rows, problems=[feed.problems[prompt_id]] * s)
+      else:
+        slots.add(*rows)
 
   def committed(self, groups: Sequence[Group]) -> None:
     pass  # handed-back groups left the pool already

@@ -109,7 +109,7 @@ def test_every_documented_experiment_command_names_a_config_its_experiment_runs(
     for name, build in getattr(importlib.import_module(f"experiments.{module}"), "TASKS",
                                {}).items():
       monkeypatch.setitem(config_builders.TASKS, name, build)
-      monkeypatch.setitem(launch.EXPERIMENTS, module, (name,))
+      monkeypatch.setitem(launch.EXPERIMENTS, module, (*launch.EXPERIMENTS.get(module, ()), name))
     config = importlib.import_module(f"configs.{os.path.basename(file)[:-3]}").get_config(variant)
     config.unlock()
     config_checks.apply_overrides(config, overrides)  # every key exists, every value parses

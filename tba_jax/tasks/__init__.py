@@ -114,6 +114,9 @@ class Task:
   # `start -> now`, and the plot tool draws (the first is the headline).
   reward_metric: Metric = REWARD_METRIC
   headline: tuple[Metric, ...] = REWARD_HEADLINE
+  # Multi-turn tasks: a tasks.environment.Environment (tool calls answered between the
+  # model's turns); None: one turn, the completion is the model's alone.
+  environment: Any = None
 
   def check(self) -> None:
     """Refuses an empty split before a run uses it: the searchers shard `train` and the

@@ -1,0 +1,99 @@
+"""Environments: what answers a model between its turns (tool calls, and when a trajectory is
+done).
+
+  env = Environment(reply=tool_reply({"calculator": calculator}), stop=("</tool>",))
+  task = Task(..., environment=env)   # the searchers and the evaluator then run turns
+
+A trajectory of a task with an environment:
+  first observation  the task's prompt, Task.prompt(problem), as for any task;
+  model turn         decoded until a stop string (`stop`, e.g. "</tool>"), an EOS, the turn's
+                     token limit (`max_turn_tokens`) or the trajectory's (the sampler's
+                     max_new_tokens, every token of every turn and reply together);
+  reply              after a turn that ended at a stop string, `reply(problem, turn_text)`
+                     (run in a thread pool, off the decode loop) returns the environment's
+                     text, which is tokenized and appended to the row's KV cache, and the model
+                     continues; None: the trajectory is done. A turn that ended at EOS or a
+                     limit is the last one, and so is the `max_turns`-th;
+  reward             the task's reward stage, as for any task, over the whole transcript (the
+                     RewardBatch's completion and text hold every turn and every reply).
+The replies' tokens are conditioning: the entry's model_mask is 0 there, so no log pi, log
+pi_ref or baseline counts them (tba_jax/turns.py samples the turns).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Mapping
+
+from tba_jax.tasks import Problem
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+  """An environment's answer to one model turn, with what the run's metrics count."""
+  text: str
+  tool_calls: int = 1   # tool calls this reply answers (0: a plain message)
+  error: bool = False   # the tool failed (an error string went back to the model)
+
+
+# (the row's problem, or None where the caller has none; the model's turn text, the stop
+# string included) -> a Reply, a plain string (one successful tool call), or None: done.
+ReplyFn = Callable[[Problem | None, str], "Reply | str | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+  """The environment of a multi-turn task (module doc)."""
+  reply: ReplyFn
+  stop: tuple[str, ...] = ("</tool>",)  # a model turn ends at the first of these
+  max_turns: int = 4           # model turns per trajectory (the last never gets a reply)
+  max_turn_tokens: int = 64    # tokens of one model turn
+  max_reply_tokens: int = 32   # tokens of one reply (longer ones are cut)
+  num_workers: int = 8         # threads running replies (tools) beside the decode loop
+
+  def __post_init__(self):
+    if not self.stop or not all(self.stop):
+      raise ValueError(f"Environment.stop={self.stop!r}: needs at least one non-empty string")
+    for name in ("max_turns", "max_turn_tokens", "max_reply_tokens", "num_workers"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"Environment.{name}={getattr(self, name)} must be >= 1")
+
+
+def as_reply(out: Reply | str | None) -> Reply | None:
+  if out is None or isinstance(out, Reply):
+    return out
+  if isinstance(out, str):
+    return Reply(out)
+  raise TypeError(f"an environment's reply must be a Reply, a str or None; got {type(out)}")
+
+
+_CALL = re.compile(r"<tool>(.*?)</tool>\s*$", re.S)
+
+
+def tool_reply(tools: Mapping[str, Callable[[str], str]], *, default: str | None = None,
+               bare_calls: bool = False) -> ReplyFn:
+  """A ReplyFn for turns that end in `<tool>NAME: ARGUMENT</tool>`: runs tools[NAME] on the
+  argument and answers `<result>OUTPUT</result>` (a tool's output starting with "error"
+  counts as a tool error). `default`: the tool of a call without "NAME:" (None: such a call
+  is an error). A turn without a call is the last one (done), unless `bare_calls`: then the
+  whole turn is a call of the `default` tool (the tiny recipe's random model, which never
+  writes the tags)."""
+
+  def reply(problem: Any, text: str) -> Reply | None:
+    del problem  # tools answer the call alone
+    match = _CALL.search(text)
+    if match is None and not bare_calls:
+      return None
+    # A bare call: the turn up to its stop tag (a prompt that opened the tag itself).
+    call = (match.group(1) if match else text.rsplit("</tool>", 1)[0]).strip()
+    name, sep, argument = call.partition(":")
+    name = name.strip()
+    if not sep or name not in tools:
+      name, argument = default, call
+    if name is None:
+      return Reply(f"<result>error: unknown tool; use one of {sorted(tools)} as "
+                   f"<tool>NAME: ARGUMENT</tool></result>", error=True)
+    out = tools[name](argument.strip())
+    return Reply(f"<result>{out}</result>", error=out.startswith("error"))
+
+  return reply

@@ -1,0 +1,69 @@
+"""Tool-use tasks: problems whose prompt says how to call a tool, and their environments.
+
+  train, test = multiplication_problems(digits=3, num_train=2000, num_test=64, seed=0)
+  env = environment("calculator", max_turns=2, ...)   # tasks/environment.py
+  task = dataclasses.replace(question_task, environment=env)
+
+The embedded CPU default cannot multiply two 3-digit numbers in its head (configs/tools.py);
+with the calculator it only has to write the call `<tool>123 * 456</tool>` and copy the
+result. GSM8K with the Python tool (`<tool>python: print(...)</tool>`) is the accelerator
+recipe's task.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from tba_jax.tasks import Problem
+from tba_jax.tasks.environment import Environment, tool_reply
+from tba_jax.tasks.tools import calculator, run_python
+
+# What each tool's prompt suffix tells the model, and the tool a bare call goes to.
+INSTRUCTIONS = {
+    "calculator": (" You can use a calculator: write <tool>EXPRESSION</tool>, e.g. "
+                   "<tool>12 * 34</tool>, and its result comes back as <result>...</result>. "
+                   "Then give the final answer as a number."),
+    "python": (" You can run Python: write <tool>python: CODE</tool>; what the code prints "
+               "comes back as <result>...</result>. Then give the final answer as a number on "
+               "the last line."),
+}
+
+
+def multiplication_problems(digits: int, num_train: int, num_test: int, *, seed: int
+                            ) -> tuple[list[Problem], list[Problem]]:
+  """(train, test) products of two `digits`-digit numbers, distinct pairs drawn with `seed`
+  (GSM8K's format: fields question / answer, target the product)."""
+  low, high = 10 ** (digits - 1), 10 ** digits
+  if digits < 1 or num_train < 1 or num_test < 1:
+    raise ValueError(f"multiplication needs digits, num_train, num_test >= 1; got {digits}, "
+                     f"{num_train}, {num_test}")
+  if num_train + num_test > (high - low) ** 2:
+    raise ValueError(f"{num_train + num_test} problems asked of {(high - low) ** 2} pairs")
+  rng, pairs = np.random.default_rng(seed), {}
+  while len(pairs) < num_train + num_test:
+    a, b = (int(x) for x in rng.integers(low, high, 2))
+    pairs.setdefault((a, b), None)
+
+  def problem(i, a, b):
+    return Problem(i, {"question": f"What is {a} * {b}?",
+                       "answer": f"{a} * {b} = {a * b}\n#### {a * b}"}, float(a * b))
+
+  pairs = list(pairs)
+  return ([problem(i, *p) for i, p in enumerate(pairs[num_test:])],
+          [problem(i, *p) for i, p in enumerate(pairs[:num_test])])
+
+
+def environment(tool: str, *, max_turns: int, max_turn_tokens: int, max_reply_tokens: int,
+                timeout_s: float, num_workers: int, stop: tuple[str, ...] = ("</tool>",),
+                bare_calls: bool = False) -> Environment:
+  """The environment of one tool: `<tool>...</tool>` calls answered `<result>...</result>`
+  (`stop`, `bare_calls`: environment.tool_reply's; the tiny recipe's random model)."""
+  tools = {"calculator": calculator,
+           "python": functools.partial(run_python, timeout_s=timeout_s)}
+  if tool not in tools:
+    raise ValueError(f"unknown tool {tool!r}; choose from {sorted(tools)}")
+  return Environment(reply=tool_reply({tool: tools[tool]}, default=tool, bare_calls=bare_calls),
+                     stop=stop,
+                     max_turns=max_turns, max_turn_tokens=max_turn_tokens,
+                     max_reply_tokens=max_reply_tokens, num_workers=num_workers)

@@ -1,0 +1,166 @@
+"""Multi-turn sampling (turns.py): replies appended to each row's cache, the trajectory the
+model saw, masks, and the searcher's entries."""
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from tba_jax import batch as batch_lib
+from tba_jax import model as model_lib
+from tba_jax import sharding, weight_sync
+from tba_jax.model import init_params
+from tba_jax.sampler import Sampler
+from tba_jax.searcher import PromptStream, Searcher
+from tba_jax.tasks import Problem
+from tba_jax.tasks.environment import Environment, Reply
+from tba_jax.turns import TurnRows, TurnSampler
+
+EOS = 3
+# Token ids 32..127 are ASCII characters (the tiny model's vocabulary is 128).
+encode = lambda text: [ord(c) for c in text]
+decode = lambda ids: "".join(chr(i) for i in ids if 32 <= i < 128)
+STOPS = tuple("!#$%&*+,-./:;=?@")  # common enough that a random model calls often
+
+
+def _sampler(cfg, max_new_tokens=40, **kw):
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  return Sampler(cfg, max_new_tokens=max_new_tokens, temperature=1.0, eos_ids=(EOS,), mesh=mesh,
+                 **kw)
+
+
+def _env(reply=lambda problem, text: "<ok>", **kw):
+  return Environment(reply=reply, stop=STOPS, **{"max_turns": 4, "max_turn_tokens": 12,
+                                                 "max_reply_tokens": 8, **kw})
+
+
+def _teacher_forced(cfg, params, prompts, out, temperature=1.0):
+  layout = batch_lib.Layout(max(map(len, prompts)), out.tokens.shape[1], 0)
+  tokens, mask = batch_lib.token_rows(prompts, [out.tokens[i, :out.lengths[i]]
+                                                for i in range(len(prompts))], layout)
+  return np.asarray(model_lib.completion_token_logprobs(
+      cfg, params, tokens, mask, layout.completion_len, temperature))
+
+
+def test_the_model_saw_exactly_the_trajectory_tokens(tiny_cfg):
+  """Sampler log-probs of every model token equal a full forward of prompt + trajectory
+  (model turns and replies as recorded): the cache held those tokens at those positions,
+  with no decode / re-encode drift."""
+  params = init_params(tiny_cfg, 1)
+  prompts = [[5, 6, 7], [8, 9], [10, 40, 41, 42]]
+  turns = TurnSampler(_sampler(tiny_cfg), _env(), encode, decode)
+  out = turns(params, prompts, jax.random.key(0))
+  assert out.turns.max() > 1 and out.tool_calls.sum() > 0  # replies were appended
+  tf = _teacher_forced(tiny_cfg, params, prompts, out)
+  for i in range(len(prompts)):
+    n, mask = out.lengths[i], out.model_mask[i, :out.lengths[i]] > 0
+    np.testing.assert_allclose(out.tempered_logprobs[i, :n][mask], tf[i, :n][mask], atol=2e-5)
+    assert np.all(out.tempered_logprobs[i, :n][~mask] == 0)
+    text = decode(out.tokens[i, :n])
+    assert text.count("<ok>") == out.tool_calls[i] == out.turns[i] - 1
+    # Each reply's tokens are encode(reply) exactly, where the mask says they are.
+    np.testing.assert_array_equal(out.tokens[i, :n][~mask], encode("<ok>") * out.tool_calls[i])
+
+
+def test_each_reply_follows_a_stop_and_turns_are_bounded(tiny_cfg):
+  params = init_params(tiny_cfg, 2)
+  seen = []
+  env = _env(lambda problem, text: seen.append(text) or "<r>", max_turns=3)
+  out = TurnSampler(_sampler(tiny_cfg), env, encode, decode)(params, [[5, 6]] * 6,
+                                                              jax.random.key(1))
+  assert out.turns.max() <= 3 and all(text[-1] in STOPS for text in seen)
+  for i in range(6):
+    mask = out.model_mask[i, :out.lengths[i]]
+    # Every model turn is at most max_turn_tokens long.
+    runs = np.diff(np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]]))))[::2]
+    assert runs.max() <= 12
+
+
+def test_done_and_errors_and_seconds_are_counted(tiny_cfg):
+  params = init_params(tiny_cfg, 1)
+  calls = []
+
+  def reply(problem, text):
+    calls.append(problem)
+    return None if len(calls) > 2 else Reply("<e>", error=True)
+
+  out = TurnSampler(_sampler(tiny_cfg), _env(reply), encode, decode)(
+      params, [[5, 6, 7]] * 2, jax.random.key(0), problems=["a", "b"])
+  assert set(calls) <= {"a", "b"} and out.tool_errors.sum() == out.tool_calls.sum() <= 2
+  assert (out.tool_seconds >= 0).all()
+
+
+def test_a_slow_tool_does_not_stall_the_other_rows(tiny_cfg):
+  """Row 0's every call sleeps; the others finish their decoding meanwhile: the whole
+  batch takes about one sleep per turn of row 0, not one per call of every row."""
+  params = init_params(tiny_cfg, 1)
+  slept = threading.Event()
+
+  def reply(problem, text):
+    if problem == 0:
+      slept.set()
+      time.sleep(1.0)
+    return "<ok>"
+
+  turns = TurnSampler(_sampler(tiny_cfg), _env(reply, max_turns=2, num_workers=8), encode, decode)
+  prompts = [[5, 6, 7]] * 8
+  turns(params, prompts, jax.random.key(0), problems=list(range(8)))  # compiles
+  start = time.perf_counter()
+  out = turns(params, prompts, jax.random.key(0), problems=list(range(8)))
+  elapsed = time.perf_counter() - start
+  calls = int(out.tool_calls.sum())
+  assert slept.is_set() and calls > 2
+  assert elapsed < 1.0 * out.tool_calls[0] + 1.0, (elapsed, out.tool_calls)
+
+
+def test_turn_rows_make_entries_with_model_masks(tiny_cfg):
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  params = weight_sync.publish(init_params(tiny_cfg, 1),
+                               sharding.param_shardings(tiny_cfg, "searcher", mesh))
+  prompts = {0: [5, 6, 7], 1: [8, 9]}
+  problems = {i: Problem(i, {}, float(i)) for i in prompts}
+  seen = []
+  searcher = Searcher(
+      0, rows=TurnRows(TurnSampler(_sampler(tiny_cfg), _env(), encode, decode)),
+      ref_params=params, mailbox=weight_sync.Mailbox(0, params),
+      stream=PromptStream(list(prompts), seed=0), prompt_tokens=prompts, problems=problems,
+      decode=decode, reward=lambda batch: seen.append(batch) or np.array(
+          ["<ok>" in t for t in batch.texts], np.float32),
+      num_prompts=2, num_samples=2, max_prompt_len=4, seed=0)
+  assert searcher.search_once() == 4
+  entries = searcher.buffer.drain_new()
+  assert any((e.model_mask == 0).any() for e in entries)
+  for e, text in zip(entries, seen[0].texts):
+    assert text == decode(e.completion)  # the reward stage sees the whole transcript
+    assert (e.behaviour_logprobs[e.model_mask == 0] == 0).all()
+  assert searcher.stats.turns >= 4 and searcher.stats.tool_calls > 0
+
+
+def test_streaming_rows_with_turns_refill_slots_and_keep_the_trajectory_exact(tiny_cfg):
+  """A pool of 4 slots for 3 prompts x 2 samples: rows start as slots free up, replies land in
+  their rows' caches, and every model token's sampler log-prob is the full forward's."""
+  from tba_jax.streaming import StreamingRows
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  params = weight_sync.publish(init_params(tiny_cfg, 1),
+                               sharding.param_shardings(tiny_cfg, "searcher", mesh))
+  prompts = {0: [5, 6, 7], 1: [8, 9], 2: [10]}
+  searcher = Searcher(
+      0, rows=StreamingRows(_sampler(tiny_cfg), num_slots=4, turns=(_env(), encode, decode)),
+      ref_params=params, mailbox=weight_sync.Mailbox(0, params),
+      stream=PromptStream(list(prompts), seed=0), prompt_tokens=prompts,
+      problems={i: Problem(i, {}, 0.0) for i in prompts}, decode=decode,
+      reward=lambda batch: np.zeros(len(batch), np.float32), num_prompts=3, num_samples=2,
+      max_prompt_len=4, seed=0)
+  assert searcher.search_once() >= 6
+  entries = searcher.buffer.drain_new()
+  assert any((e.model_mask == 0).any() for e in entries) and searcher.stats.tool_calls > 0
+  out = type("Out", (), {})()
+  m = 40
+  out.tokens = np.array([np.pad(e.completion, (0, m - e.length)) for e in entries])
+  out.lengths = np.array([e.length for e in entries])
+  tf = _teacher_forced(tiny_cfg, params, [list(e.prompt) for e in entries], out)
+  for i, e in enumerate(entries):
+    own = e.model_mask > 0
+    np.testing.assert_allclose(e.behaviour_logprobs[own], tf[i, :e.length][own], atol=2e-5)
+    np.testing.assert_allclose(e.ref_logprobs[own], tf[i, :e.length][own], atol=2e-5)
