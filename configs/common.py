@@ -30,6 +30,8 @@ def base() -> ml_collections.ConfigDict:
           vocab_size=261, dim=64, mlp_dim=128, num_layers=2, num_heads=4, num_kv_heads=2,
           head_dim=16),
       remat=False,        # activation checkpointing in the training forward
+      attention_impl="auto",  # attention kernels (tba_jax/attention.py): "auto" (xla on CPU,
+                              # cudnn on GPU, pallas on TPU), "xla", "cudnn" or "pallas"
       dropout=0.0,        # > 0: GPT-2's embedding, attention and residual dropout at this
                           # rate in the trainer's forward (searchers sample without it)
       lora=dict(          # low-rank adapters (tba_jax/lora.py); the base stays frozen

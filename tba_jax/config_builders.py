@@ -20,7 +20,7 @@ import os
 import jax
 import optax
 
-from tba_jax import faults, hf_checkpoints, lora, losses, sharding, train_step, verifiers
+from tba_jax import attention, faults, hf_checkpoints, lora, losses, sharding, train_step, verifiers
 from tba_jax import weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.batch import Layout
@@ -99,12 +99,21 @@ def evaluation_mesh(devices: str, trainer_mesh, searcher_meshes, trainer_tensor:
 def load_model(model_cfg, tokenizer, dtype: str, trainer_mesh, seed: int):
   """(ModelConfig, params on the trainer mesh)."""
   if model_cfg.path == "random":
-    cfg = ModelConfig(**model_cfg.random.to_dict(), dtype=dtype)
+    cfg = ModelConfig(**model_cfg.random.to_dict(), dtype=dtype,
+                      attention_impl=model_cfg.attention_impl)
+    attention.check(cfg)
     if cfg.vocab_size < tokenizer.vocab_size:
       raise ConfigError(f"model.random.vocab_size={cfg.vocab_size} < the tokenizer's "
                         f"{tokenizer.vocab_size} tokens")
     return cfg, init_params(cfg, seed, sharding.param_shardings(cfg, "trainer", trainer_mesh))
-  return hf_checkpoints.load(model_path(model_cfg.path), dtype, mesh=trainer_mesh, role="trainer")
+  cfg, params = hf_checkpoints.load(model_path(model_cfg.path), dtype, mesh=trainer_mesh,
+                                    role="trainer")
+  cfg = cfg.replace(attention_impl=model_cfg.attention_impl)
+  try:
+    attention.check(cfg)
+  except ValueError as e:
+    raise ConfigError(f"model.{e}") from None
+  return cfg, params
 
 
 def lora_config(lora_cfg, architecture: ModelConfig) -> LoRAConfig | None:

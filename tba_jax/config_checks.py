@@ -14,9 +14,9 @@ import difflib
 import importlib.util
 from typing import Any, Callable, Iterable
 
-from tba_jax import config_builders, faults, replay_buffer, verifiers
+from tba_jax import attention, config_builders, faults, replay_buffer, verifiers
 from tba_jax.errors import ConfigError  # noqa: F401 (public here too: config_checks.ConfigError)
-from tba_jax.model_config import LORA_TARGETS
+from tba_jax.model_config import ATTENTION_IMPLS, LORA_TARGETS
 
 # Keys whose value must be one of a fixed set. The seams' names come from their tables
 # (a task, loss or schedule added there is allowed here with no second list).
@@ -33,6 +33,7 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "sync.weights_dtype": ("", "float32", "bfloat16"),
     "model.add_bos": ("auto", "on", "off"),
+    "model.attention_impl": ATTENTION_IMPLS,
     "eval.devices": ("trainer", "searcher"),
     "optim.moments_dtype": ("float32", "bfloat16"),
     "fault.stop_signal": faults.SIGNALS,
@@ -158,6 +159,11 @@ def _problems(config) -> Iterable[str]:
            f"{get('loss.name')!r})")
   if get("task.name") == "redteam":
     yield from _redteam_problems(config)
+  if get("model.attention_impl") in ATTENTION_IMPLS:
+    try:
+      attention.resolve(get("model.attention_impl"))
+    except ValueError as e:
+      yield f"model.{e}"
   if get("model.path") == "random" and not get("model.tokenizer"):
     yield "model.tokenizer='': a random model needs a tokenizer (e.g. 'bytes')"
   if not get("model.path"):

@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from tba_jax import attention as attention_lib
 from tba_jax import encoder as encoder_lib
 from tba_jax import losses
 from tba_jax.layers import (ACTIVATION_FNS, Dropout, Norm, apply_rope, dropped,
@@ -120,8 +121,8 @@ class Attention(nnx.Module):
     self.cfg = cfg
     _add_adapters(self, cfg, "attn", rngs)
 
-  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None):
-    """x [B,T,D]; mask [B,T,S]; kv = None, or (k, v, layer): the stacked cache
+  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None, valid=None):
+    """x [B,T,D]; mask [B,T,S]; valid [B,S]: the slots holding real tokens; kv = None, or (k, v, layer): the stacked cache
     buffers [L,B,K,S,H] and this layer's index into them; inv_freq: this layer's
     rotary frequencies (None: no rope); `dropout` on the attention probabilities
     (site 0)."""
@@ -133,6 +134,7 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     if inv_freq is not None:
       q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+    impl = attention_lib.resolve(self.cfg.attention_impl)
     if kv is not None:
       # Write only the T new keys/values, in place, at the layer's slots from
       # `index` of the stacked buffers, then read this layer's window back. Carrying the whole
@@ -142,14 +144,14 @@ class Attention(nnx.Module):
       k_all, k = _cache_write_read(k_all, layer, index, k, mask.shape[-1])
       v_all, v = _cache_write_read(v_all, layer, index, v, mask.shape[-1])
       kv = (k_all, v_all, layer)
-      out = _cached_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask, self.cfg.attn_scale,
-                              dropout)
-    elif dropout is not None:  # the fused kernel cannot drop probabilities: the same math
-      out = _cached_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask, self.cfg.attn_scale,
-                              dropout)
+      if dropout is not None:
+        out = attention_lib.grouped(q, k.astype(q.dtype), v.astype(q.dtype), mask,
+                                    self.cfg.attn_scale, dropout)
+      else:
+        out = attention_lib.cached(q, k.astype(q.dtype), v.astype(q.dtype), mask, valid, index,
+                                   self.cfg.attn_scale, impl)
     else:
-      # XLA's reference attention on CPU (exact); cuDNN/TPU kernels elsewhere.
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=self.cfg.attn_scale)
+      out = attention_lib.uncached(q, k, v, mask, valid, self.cfg.attn_scale, impl, dropout)
     [out] = _adapted(self, "attn", out, o=jnp.einsum("BTNH,NHD->BTD", out, self.o[...]))
     return (out + self.o_bias[...] if self.cfg.bias else out), kv
 
@@ -180,25 +182,6 @@ def _cache_write_read(buf, layer, index, new, window):
 def _row_slots(index, b: int, t: int):
   """(rows [B,1], slots [B,T]): the cache slots of T new tokens, row b's from index[b]."""
   return jnp.arange(b)[:, None], index[:, None] + jnp.arange(t)
-
-
-def _cached_attention(q, k, v, mask, scale=None, dropout=None):
-  """jax.nn.dot_product_attention's math (float32 softmax, same mask fill) over
-  cache slots: q [B,T,N,H], k/v [B,K,S,H], mask [B,T,S] -> [B,T,N,H]; logits
-  times `scale` (None: H ** -0.5); `dropout` on the probabilities (site 0).
-
-  Used for cached (sampling) calls. The cache is stored kv-head-major so both
-  einsums are batched over (B, K) with those axes leading in every operand:
-  no transposed copy of any layer's cache on a decode step.
-  """
-  b, t, n, h = q.shape
-  q = q.reshape(b, t, k.shape[1], n // k.shape[1], h)  # query head n = kv head * G + g
-  logits = jnp.einsum("BTKGH,BKSH->BKGTS", q, k, preferred_element_type=jnp.float32)
-  logits = logits * (h ** -0.5 if scale is None else scale)
-  logits = jnp.where(mask[:, None, None], logits, -0.7 * jnp.finfo(jnp.float32).max)
-  probs = dropped(jax.nn.softmax(logits, axis=-1), dropout, 0).astype(v.dtype)
-  out = jnp.einsum("BKGTS,BKSH->BKGTH", probs, v)
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 class MLP(nnx.Module):
@@ -244,8 +227,8 @@ class Block(nnx.Module):
       self.attn_post_norm, self.mlp_post_norm = _norm(cfg, rngs), _norm(cfg, rngs)
     self.parallel, self.post_norms = cfg.parallel_residual, cfg.post_norms
 
-  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None):
-    h, kv = self.attn(self.attn_norm(x), positions, mask, kv, index, inv_freq, dropout)
+  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None, valid=None):
+    h, kv = self.attn(self.attn_norm(x), positions, mask, kv, index, inv_freq, dropout, valid)
     if self.post_norms:
       h = self.attn_post_norm(h)
     h = dropped(h, dropout, 1)  # GPT-2's resid_pdrop, after each output projection
@@ -313,7 +296,8 @@ class Transformer(nnx.Module):
         [per] = per_layer
         m = jnp.where(per["sliding"], mask & (k_slot > q_slot - cfg.sliding_window), mask)
         f = None if inv_freq is None else per["inv_freq"]
-      x, kv = block(x, positions, m, kv, index, f, None if key is None else dropout.at(key))
+      x, kv = block(x, positions, m, kv, index, f, None if key is None else dropout.at(key),
+                    kv_mask[:, :window])
       if kv is not None:
         kv = (kv[0], kv[1], kv[2] + 1)  # the next layer's index
       return x, kv
