@@ -37,7 +37,7 @@ from typing import Sequence
 
 import jax
 
-from tba_jax import continuous
+from tba_jax import continuous, paged_kv
 from tba_jax.sampler import Sampler
 from tba_jax.searcher import Feed, Group, Sample, Sampled
 
@@ -52,12 +52,14 @@ class _Group:
 
 class StreamingRows:
   """A RowSource (searcher.py) over a continuous-batching pool of `num_slots` rows (module
-  doc); `chunk_steps` and `window_step` as continuous.Stream's."""
+  doc); `chunk_steps`, `window_step`, `kv_pages` and `page_size` as continuous.Stream's."""
 
   def __init__(self, sampler: Sampler, *, num_slots: int, in_flight_updates: bool = True,
                chunk_steps: int = continuous.DEFAULT_CHUNK_STEPS,
-               window_step: int = continuous.DEFAULT_WINDOW_STEP):
+               window_step: int = continuous.DEFAULT_WINDOW_STEP, kv_pages: int = 0,
+               page_size: int = paged_kv.DEFAULT_PAGE_SIZE):
     continuous.check_pool(sampler, num_slots, chunk_steps, window_step)
+    self.kv_pages, self.page_size = kv_pages, page_size  # paged_kv.py (0: full rows)
     self.sampler, self.num_slots, self.in_flight_updates = sampler, num_slots, in_flight_updates
     self.chunk_steps, self.window_step = chunk_steps, window_step
     self.num_groups = 0  # prompt groups taken; group g samples rows g*S .. g*S+S-1
@@ -88,7 +90,8 @@ class StreamingRows:
       self._slots = continuous.Stream(
           self.sampler, params, jax.random.fold_in(feed.key, 0), num_slots=self.num_slots,
           max_prompt_len=feed.max_prompt_len, chunk_steps=self.chunk_steps,
-          window_step=self.window_step, version=version)
+          window_step=self.window_step, version=version, kv_pages=self.kv_pages,
+          page_size=self.page_size)
     elif version != self._slots.version and (self.in_flight_updates or not self._slots.busy()):
       self._slots.set_params(params, version)
 
