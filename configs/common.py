@@ -82,6 +82,11 @@ def base() -> ml_collections.ConfigDict:
       num_slots=0,                # > 0: streaming searchers (continuous batching) keep this
                                   # many rows in flight, refilled as rows end; 0 = static
                                   # batches of num_prompts_per_batch x S rows
+      kv_pages=0,                 # streaming searchers' KV cache (tba_jax/paged_kv.py): 0 =
+                                  # auto (pages filling 80% of the free accelerator memory;
+                                  # on CPU full rows), > 0 = a pool of this many pages,
+                                  # -1 = full rows (each slot max_prompt + max_new slots)
+      kv_page_size=16,            # cache slots per page
   )
   c.loss = dict(
       name="tb",             # "tb" (VarGrad trajectory balance), "rloo", "grpo", "ratio"

@@ -363,8 +363,11 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
                       pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=s.min_new_tokens,
                       end_with_eos=s.end_with_eos)
     try:
-      rows = (StreamingRows(sampler, num_slots=s.num_slots, in_flight_updates=in_flight_updates)
-              if s.num_slots else StaticRows(sampler))
+      # sampler.kv_pages: 0 = auto (None: from the devices' memory), -1 = full rows.
+      pages = dict(kv_pages=None if s.kv_pages == 0 else max(s.kv_pages, 0),
+                   page_size=s.kv_page_size)
+      rows = (StreamingRows(sampler, num_slots=s.num_slots, in_flight_updates=in_flight_updates,
+                            **pages) if s.num_slots else StaticRows(sampler))
     except ValueError as e:  # num_slots that the searcher's devices cannot split
       raise ConfigError(f"sampler.num_slots={s.num_slots}: {e}") from None
     first = publish(params, i)

@@ -44,6 +44,7 @@ TASK_CHOICES = {"tldr": {"task.reward_dtype": ("float32", "bfloat16")}}
 AT_LEAST_ONE = (
     "num_train_steps", "task.max_prompt_len", "mesh.num_trainer_devices", "mesh.num_searchers",
     "mesh.trainer_tensor", "mesh.searcher_tensor", "sampler.max_new_tokens",
+    "sampler.kv_page_size",
     "sampler.num_samples_per_prompt", "sampler.num_prompts_per_batch", "loss.beta_anneal_steps",
     "optim.num_microbatches", "buffer.num_prompts", "buffer.samples_per_prompt",
     "buffer.max_per_prompt", "buffer.prefill", "sync.every", "eval.max_new_tokens",
@@ -116,7 +117,8 @@ def _problems(config) -> Iterable[str]:
              for k, (lo, hi) in INTERVALS.items()]
   checks += [(k, lambda v: v > 0, "> 0") for k in POSITIVE]
   checks += [("sampler.top_p", lambda v: v <= 1, "<= 1"),
-             ("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)")]
+             ("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+             ("sampler.kv_pages", lambda v: v >= -1, ">= -1 (-1: off, 0: auto)")]
   for key, ok, allowed in checks:
     try:
       value = get(key)

@@ -269,10 +269,11 @@ class Stream:
 
   def __init__(self, sampler: sampler_lib.Sampler, params, rng_key, *, num_slots: int,
                max_prompt_len: int, chunk_steps: int = DEFAULT_CHUNK_STEPS,
-               window_step: int = DEFAULT_WINDOW_STEP, version: Any = None, kv_pages: int = 0,
+               window_step: int = DEFAULT_WINDOW_STEP, version: Any = None,
+               kv_pages: int | None = 0,
                page_size: int = paged_kv.DEFAULT_PAGE_SIZE):
     check_pool(sampler, num_slots, chunk_steps, window_step)
-    if kv_pages and (page_size < 1 or window_step % page_size):
+    if kv_pages != 0 and (page_size < 1 or window_step % page_size):
       raise ValueError(f"window_step={window_step} must be a multiple of page_size={page_size}")
     self.sampler, self.options, self.mesh = sampler, sampler.options, sampler.mesh
     self.num_slots, self.chunk_steps, self.window_step = num_slots, chunk_steps, window_step
@@ -283,8 +284,12 @@ class Stream:
     # (decode writes are scatters promised to stay in bounds).
     self.cache_size = self.max_prompt_bucket + self.options.max_new_tokens
     # kv_pages > 0: the slots take pages of `page_size` cache slots from a pool of
-    # kv_pages (paged_kv.py), each row whole pages.
+    # kv_pages (paged_kv.py), each row whole pages; None: as many as fit (auto_num_pages).
     self.pages = None
+    if kv_pages is None:  # auto: from the free device memory (none reported, as on CPU: 0)
+      row = -(-self.cache_size // page_size) * page_size
+      kv_pages = paged_kv.auto_num_pages(sampler.model_config, list(self.mesh.devices.flat),
+                                         num_slots, row, page_size)
     if kv_pages:
       self.cache_size = -(-self.cache_size // page_size) * page_size
       self.pages = paged_kv.PageAllocator(num_slots, self.cache_size, kv_pages, page_size)

@@ -56,7 +56,7 @@ class StreamingRows:
 
   def __init__(self, sampler: Sampler, *, num_slots: int, in_flight_updates: bool = True,
                chunk_steps: int = continuous.DEFAULT_CHUNK_STEPS,
-               window_step: int = continuous.DEFAULT_WINDOW_STEP, kv_pages: int = 0,
+               window_step: int = continuous.DEFAULT_WINDOW_STEP, kv_pages: int | None = 0,
                page_size: int = paged_kv.DEFAULT_PAGE_SIZE):
     continuous.check_pool(sampler, num_slots, chunk_steps, window_step)
     self.kv_pages, self.page_size = kv_pages, page_size  # paged_kv.py (0: full rows)
