@@ -15,9 +15,8 @@ compiled program allocates, not a shape floor) and the collectives of the compil
 (kind, count, bytes), with a predicted time at the chip-to-chip bandwidth of each chip
 (benchmarks/roofline.py's CHIPS; ring all-gather / reduce-scatter moving (n-1)/n of the
 bytes per device, all-reduce twice that). Layers are scanned, and XLA lists a loop
-body's collectives once: each body collective is counted num_layers times (the
-program's while loop over layers is the only loop with collectives inside; the micro-
-batch loop multiplies them again). The weight publish (trainer -> searcher) moves the
+body's collectives once: each is counted once per trip of every loop around it (the
+while loops' known_trip_count: the layer scan inside the micro-batch loop). The weight publish (trainer -> searcher) moves the
 bfloat16 weights once: its time at the link bandwidth is predicted. A layout fits a chip
 when arguments + outputs + temporaries (less donated aliases) stay within its HBM.
 benchmarks/memory.py's shape floor for the same layout is printed beside it.
@@ -50,25 +49,37 @@ def _shape_bytes(text: str) -> int:
   return total
 
 
-def collectives(hlo: str, num_layers: int) -> dict:
-  """{kind: (count, bytes per device)} of the compiled HLO's collectives; those inside a
-  while body (the layer scan) counted num_layers times."""
-  out = {k: [0, 0] for k in COLLECTIVES}
-  computation, in_loop_body = "", set()
-  for m in re.finditer(r"body=%?([\w.\-]+)", hlo):
-    in_loop_body.add(m.group(1))
+def collectives(hlo: str) -> dict:
+  """{kind: (count, bytes per device)} of the compiled HLO's collectives per run: one
+  inside a while body counts once per trip of every loop around it (XLA's
+  known_trip_count: the layer scan inside the micro-batch loop, for instance)."""
+  parent, comp, found = {}, "", []  # body -> (computation holding the while, trips)
   for line in hlo.splitlines():
     head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
     if head:
-      computation = head.group(1)
+      comp = head.group(1)
       continue
+    loop = re.search(r" while\(.*body=%?([\w.\-]+)", line)
+    if loop:
+      trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+      parent[loop.group(1)] = (comp, int(trips.group(1)) if trips else 1)
     m = re.search(r"= (\([^=]*\)|\w+\[[\d,]*\][^ ]*) (" + "|".join(COLLECTIVES) +
                   r")(?:-start)?\(", line)
     if m:
-      times = num_layers if computation in in_loop_body else 1
-      out[m.group(2)][0] += times
-      out[m.group(2)][1] += times * _shape_bytes(m.group(1))
-  return {k: tuple(v) for k, v in out.items() if v[0]}
+      found.append((comp, m.group(2), _shape_bytes(m.group(1))))
+
+  def times(c: str, depth: int = 0) -> int:
+    if c not in parent or depth > 16:
+      return 1
+    up, trips = parent[c]
+    return trips * times(up, depth + 1)
+
+  out = {}
+  for c, kind, nbytes in found:
+    n = times(c)
+    count, total = out.get(kind, (0, 0))
+    out[kind] = (count + n, total + n * nbytes)
+  return out
 
 
 def link_seconds(coll: dict, group: int, link_gbps: float) -> float:
@@ -197,8 +208,7 @@ def main(argv=None):
       compiled = trainer_program(cfg, devices, fsdp, tensor, rows, args.prompt_len,
                                  args.new_tokens, 4)
       mem = _memory(compiled)
-      coll = collectives(compiled.as_text(), cfg.num_layers)
-      # The collectives repeat per micro-batch: the loop over micro-batches holds the layers'.
+      coll = collectives(compiled.as_text())
       floor = _floor(cfg, fsdp * tensor, micro, args)
       times = [link_seconds(coll, fsdp * tensor, chip["link_gbps"]) for chip in CHIPS.values()]
       fits = [name for name, (chip, count) in FITS.items()
@@ -218,7 +228,7 @@ def main(argv=None):
     compiled = searcher_program(cfg, devices, tensor, args.decode_rows,
                                 args.prompt_len + args.new_tokens)
     mem = _memory(compiled)
-    coll = collectives(compiled.as_text(), cfg.num_layers)
+    coll = collectives(compiled.as_text())
     cells = ", ".join(f"{k} {c} x, {b / 1e9:.3f}" for k, (c, b) in coll.items()) or "none"
     times = [link_seconds(coll, tensor, chip["link_gbps"]) for chip in CHIPS.values()]
     print(f"| {tensor} | {mem['args'] / 1e9:.2f} | {mem['outputs'] / 1e9:.2f} | "

@@ -101,7 +101,10 @@ def load_model(model_cfg, tokenizer, dtype: str, trainer_mesh, seed: int):
   if model_cfg.path == "random":
     cfg = ModelConfig(**model_cfg.random.to_dict(), dtype=dtype,
                       attention_impl=model_cfg.attention_impl)
-    attention.check(cfg)
+    try:
+      attention.check(cfg)
+    except ValueError as e:
+      raise ConfigError(f"model.{e}") from None
     if cfg.vocab_size < tokenizer.vocab_size:
       raise ConfigError(f"model.random.vocab_size={cfg.vocab_size} < the tokenizer's "
                         f"{tokenizer.vocab_size} tokens")

@@ -14,7 +14,7 @@ import difflib
 import importlib.util
 from typing import Any, Callable, Iterable
 
-from tba_jax import attention, config_builders, faults, replay_buffer, verifiers
+from tba_jax import config_builders, faults, replay_buffer, verifiers
 from tba_jax.errors import ConfigError  # noqa: F401 (public here too: config_checks.ConfigError)
 from tba_jax.model_config import ATTENTION_IMPLS, LORA_TARGETS
 
@@ -161,11 +161,6 @@ def _problems(config) -> Iterable[str]:
            f"{get('loss.name')!r})")
   if get("task.name") == "redteam":
     yield from _redteam_problems(config)
-  if get("model.attention_impl") in ATTENTION_IMPLS:
-    try:
-      attention.resolve(get("model.attention_impl"))
-    except ValueError as e:
-      yield f"model.{e}"
   if get("model.path") == "random" and not get("model.tokenizer"):
     yield "model.tokenizer='': a random model needs a tokenizer (e.g. 'bytes')"
   if not get("model.path"):
