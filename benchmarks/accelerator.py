@@ -41,6 +41,8 @@ def main():
   parser.add_argument("--train_len", type=int, default=640)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--small", action="store_true", help="a 2-layer model (smoke test on CPU)")
+  parser.add_argument("--attention_impl", default="auto",
+                      help="model.attention_impl: auto, xla, cudnn, pallas (tba_jax/attention.py)")
   args = parser.parse_args()
 
   import jax
@@ -51,7 +53,8 @@ def main():
   from tba_jax.sampler import Sampler
 
   cfg = ModelConfig(vocab_size=32000, dim=2048, mlp_dim=5632, num_layers=2 if args.small else 22,
-                    num_heads=32, num_kv_heads=4, head_dim=64, dtype="bfloat16")
+                    num_heads=32, num_kv_heads=4, head_dim=64, dtype="bfloat16",
+                    attention_impl=args.attention_impl)
   n_params = model.count_params(cfg)
   device = jax.devices()[0]
   results = {"device": str(device.device_kind), "params": n_params}

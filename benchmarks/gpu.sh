@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# One accelerator, a few minutes: sampler tokens/s and HBM roofline fraction (static batches
-# and the streaming sampler at 64 and 256 slots), trainer MFU,
-# weight-sync time (benchmarks/accelerator.py), then a short asynchronous GSM8K-format run
-# of a random-init model of RhoMath-1B's shape. Everything goes to ${OUT:-/tmp/tba_gpu}.
+# One accelerator, under 10 minutes: the attention backends' numerics on this device
+# (tests/attention_test.py: cudnn / pallas against xla), sampler tokens/s and HBM roofline
+# fraction (static batches and the streaming sampler at 64 and 256 slots), trainer MFU,
+# weight-sync time (benchmarks/accelerator.py, attention_impl auto, falling back to xla),
+# each printed beside benchmarks/roofline.py's prediction for this chip
+# (benchmarks/measured_vs_predicted.py), then a short asynchronous GSM8K-format run of a
+# random-init model of RhoMath-1B's shape. Everything goes to ${OUT:-/tmp/tba_gpu}.
 #
 #   bash benchmarks/gpu.sh                    # H200 figures by default
-#   HBM_GBPS=819 PEAK_TFLOPS=197 bash benchmarks/gpu.sh   # e.g. a TPU v5e chip
+#   CHIP=H100 HBM_GBPS=3350 bash benchmarks/gpu.sh
+#   (TPU: benchmarks/tpu.sh, the same with a TPU chip's figures)
 #
 # Needs jax with the accelerator plugin, flax, optax, orbax-checkpoint, transformers,
 # ml-collections, gguf, tensorboardX (pip install -e . on a machine with network; on an
@@ -21,7 +25,17 @@ fi
 export PYTHONUNBUFFERED=1
 {
   echo "== $(date -u) $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true)"
-  python3 benchmarks/accelerator.py --hbm_gbps "${HBM_GBPS:-4800}" --peak_tflops "${PEAK_TFLOPS:-989}"
+  echo "== attention backends on this device (tests/attention_test.py)"
+  python3 -m pytest -q -p no:cacheprovider tests/attention_test.py 2>&1 | tail -n 3 || true
+  python3 benchmarks/accelerator.py --hbm_gbps "${HBM_GBPS:-4800}" --peak_tflops "${PEAK_TFLOPS:-989}" \
+    --attention_impl auto | tee "$out/accelerator.txt" || \
+  python3 benchmarks/accelerator.py --hbm_gbps "${HBM_GBPS:-4800}" --peak_tflops "${PEAK_TFLOPS:-989}" \
+    --attention_impl xla | tee "$out/accelerator.txt"
+  echo "== measured beside predicted (${CHIP:-H200})"
+  JAX_PLATFORMS=cpu python3 -m benchmarks.roofline --shapes rho-1b --recipes accelerator \
+    --json "$out/predicted.json" > "$out/roofline.txt"
+  python3 -m benchmarks.measured_vs_predicted "$out/accelerator.txt" "$out/predicted.json" \
+    --chip "${CHIP:-H200}"
   echo "== short async run (random RhoMath-1B shape, arithmetic task, 20 steps)"
   python3 -m experiments.gsm8k --config configs/gsm8k.py:rho1b --workdir "$out/run" \
     --compilation_cache= --config.model.path=random --config.model.tokenizer=bytes \

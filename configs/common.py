@@ -15,6 +15,7 @@ import ml_collections
 
 from tba_jax import config_builders, config_checks, replay_buffer, verifiers
 from tba_jax.config_checks import key
+from tba_jax.model_config import ATTENTION_IMPLS
 
 
 def base() -> ml_collections.ConfigDict:
@@ -38,6 +39,9 @@ def base() -> ml_collections.ConfigDict:
           vocab_size=261, dim=64, mlp_dim=128, num_layers=2, num_heads=4, num_kv_heads=2,
           head_dim=16),
       remat=False,        # activation checkpointing in the training forward
+      # attention kernels (tba_jax/attention.py): "auto" (xla on CPU, cudnn on GPU, pallas on
+      # TPU), "xla", "cudnn" or "pallas"
+      attention_impl=key("auto", ATTENTION_IMPLS),
       dropout=key(0.0, "[0, 1)"),  # > 0: GPT-2's embedding, attention and residual dropout at this
                                    # rate in the trainer's forward (searchers sample without it)
       lora=dict(          # low-rank adapters (tba_jax/lora.py); the base stays frozen
@@ -95,6 +99,11 @@ def base() -> ml_collections.ConfigDict:
       num_slots=key(0, ">= 0"),   # > 0: streaming searchers (continuous batching) keep this
                                   # many rows in flight, refilled as rows end; 0 = static
                                   # batches of num_prompts_per_batch x S rows
+      kv_pages=key(0, ">= -1"),   # streaming searchers' KV cache (tba_jax/paged_kv.py): 0 =
+                                  # auto (pages filling 80% of the free accelerator memory;
+                                  # on CPU full rows), > 0 = a pool of this many pages,
+                                  # -1 = full rows (each slot max_prompt + max_new slots)
+      kv_page_size=key(16, ">= 1"),  # cache slots per page
   )
   c.loss = dict(
       # "tb" (VarGrad trajectory balance), "rloo", "grpo", "ratio" (TBA-prime's per-token ratio

@@ -20,7 +20,7 @@ import os
 import jax
 import optax
 
-from tba_jax import faults, hf_checkpoints, lora, losses, sharding, train_step, verifiers
+from tba_jax import attention, faults, hf_checkpoints, lora, losses, sharding, train_step, verifiers
 from tba_jax import weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.batch import Layout
@@ -100,12 +100,24 @@ def evaluation_mesh(devices: str, trainer_mesh, searcher_meshes, trainer_tensor:
 def load_model(model_cfg, tokenizer, dtype: str, trainer_mesh, seed: int):
   """(ModelConfig, params on the trainer mesh)."""
   if model_cfg.path == "random":
-    cfg = ModelConfig(**model_cfg.random.to_dict(), dtype=dtype)
+    cfg = ModelConfig(**model_cfg.random.to_dict(), dtype=dtype,
+                      attention_impl=model_cfg.attention_impl)
+    try:
+      attention.check(cfg)
+    except ValueError as e:
+      raise ConfigError(f"model.{e}") from None
     if cfg.vocab_size < tokenizer.vocab_size:
       raise ConfigError(f"model.random.vocab_size={cfg.vocab_size} < the tokenizer's "
                         f"{tokenizer.vocab_size} tokens")
     return cfg, init_params(cfg, seed, sharding.param_shardings(cfg, "trainer", trainer_mesh))
-  return hf_checkpoints.load(model_path(model_cfg.path), dtype, mesh=trainer_mesh, role="trainer")
+  cfg, params = hf_checkpoints.load(model_path(model_cfg.path), dtype, mesh=trainer_mesh,
+                                    role="trainer")
+  cfg = cfg.replace(attention_impl=model_cfg.attention_impl)
+  try:
+    attention.check(cfg)
+  except ValueError as e:
+    raise ConfigError(f"model.{e}") from None
+  return cfg, params
 
 
 def lora_config(lora_cfg, architecture: ModelConfig) -> LoRAConfig | None:
@@ -356,8 +368,11 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
     turns = (None if task.environment is None else
              (task.environment, tokenizer.encode, tokenizer.decode))
     try:
+      # sampler.kv_pages: 0 = auto (None: from the devices' memory), -1 = full rows.
+      pages = dict(kv_pages=None if s.kv_pages == 0 else max(s.kv_pages, 0),
+                   page_size=s.kv_page_size)
       rows = (StreamingRows(sampler, num_slots=s.num_slots, in_flight_updates=in_flight_updates,
-                            turns=turns)
+                            turns=turns, **pages)
               if s.num_slots else
               TurnRows(TurnSampler(sampler, task.environment, tokenizer.encode, tokenizer.decode))
               if task.environment is not None else StaticRows(sampler))

@@ -44,6 +44,7 @@ import numpy as np
 
 from tba_jax import batch as batch_lib
 from tba_jax import model as model_lib
+from tba_jax import paged_kv
 from tba_jax import sampler as sampler_lib
 from tba_jax import sharding
 from tba_jax.model import KVCache
@@ -88,6 +89,9 @@ def _place_cache(cache: KVCache, model_config, mesh) -> KVCache:
   rows = lambda x: jax.lax.with_sharding_constraint(
       x, sharding.batch_sharding("searcher", mesh, x.ndim))
   kv = sharding.cache_sharding(model_config, mesh)
+  if cache.page_table is not None:  # pages [L,K,P,page,H]: kv heads over tensor, the pool whole
+    kv = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, *kv.spec[2:3]))
+    cache = dataclasses.replace(cache, page_table=rows(cache.page_table))
   return dataclasses.replace(
       cache, k=jax.lax.with_sharding_constraint(cache.k, kv),
       v=jax.lax.with_sharding_constraint(cache.v, kv), mask=rows(cache.mask),
@@ -95,11 +99,15 @@ def _place_cache(cache: KVCache, model_config, mesh) -> KVCache:
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "options", "mesh", "num_slots",
-                                             "cache_size"))
-def _empty_pool(key, *, model_config, options, mesh, num_slots, cache_size):
+                                             "cache_size", "num_pages", "page_size"))
+def _empty_pool(key, *, model_config, options, mesh, num_slots, cache_size, num_pages=0,
+                page_size=0):
   n, m = num_slots, options.max_new_tokens
-  cache = KVCache.init(model_config, n, cache_size)
-  cache = dataclasses.replace(cache, index=jnp.zeros((n,), jnp.int32))
+  if num_pages:  # the slots take pages from one pool (paged_kv.py)
+    cache = paged_kv.PagedKVCache.init(model_config, n, cache_size, num_pages, page_size)
+  else:
+    cache = KVCache.init(model_config, n, cache_size)
+    cache = dataclasses.replace(cache, index=jnp.zeros((n,), jnp.int32))
   return SlotState(
       tokens=jnp.full((n, m), options.pad_id, jnp.int32),
       logprobs=jnp.zeros((n, m), jnp.float32), tempered_logprobs=jnp.zeros((n, m), jnp.float32),
@@ -121,20 +129,15 @@ def insert_rows(state: SlotState, prefilled: KVCache, logits, key, count, slots,
   """Rows i < count: slot slots[i] starts row row_ids[i] at temperatures[i] from
   prefilled prompt sources[i] (KV [L,U,K,T,H], logits [U,V]) of prompt_lens[i]
   tokens. The vectors are padded to N, so one program serves any number of rows."""
-  t, s, m = prefilled.k.shape[3], state.cache.k.shape[3], options.max_new_tokens
+  t, m = prefilled.k.shape[3], options.max_new_tokens
   eos = jnp.asarray(options.eos_ids, jnp.int32)
 
   def place(i, st: SlotState) -> SlotState:
     slot, src, p = slots[i], sources[i], prompt_lens[i]
     # Left-aligned in the slot: roll the left padding of the prompt bucket to
     # the end, where it stays masked and is overwritten by the completion.
-    take = lambda x: jnp.roll(jax.lax.dynamic_index_in_dim(x, src, axis=1), p - t, axis=3)
-    write = lambda buf, x: jax.lax.dynamic_update_slice(buf, x.astype(buf.dtype),
-                                                        (0, slot, 0, 0, 0))
-    cache = st.cache
-    cache = dataclasses.replace(
-        cache, k=write(cache.k, take(prefilled.k)), v=write(cache.v, take(prefilled.v)),
-        mask=cache.mask.at[slot].set(jnp.arange(s) < p), index=cache.index.at[slot].set(p))
+    take = lambda x: jnp.roll(jax.lax.dynamic_index_in_dim(x, src, 1, keepdims=False), p - t, 2)
+    cache = st.cache.put_row(slot, take(prefilled.k), take(prefilled.v), p)  # [L,K,T,H] each
     row_key = jax.random.fold_in(key, row_ids[i])
     row_logits = sampler_lib.mask_eos(jax.lax.dynamic_index_in_dim(logits, src), 0, options)
     token, logprob, tempered = sampler_lib.choose_tokens(
@@ -215,6 +218,15 @@ def _decode_program(params, state, max_steps, min_free, *, model_config, options
                       min_free, window, options)
 
 
+@functools.partial(jax.jit, donate_argnames=("state",))
+def _paging_program(state, page_table, dropped):
+  """The host's page table on device, and the `dropped` [N] slots freed (paged_kv.py:
+  rows preempted when the pool runs out of pages)."""
+  cache = dataclasses.replace(state.cache, page_table=page_table)
+  return dataclasses.replace(state, cache=cache, done=state.done | dropped,
+                             lengths=jnp.where(dropped, 0, state.lengths))
+
+
 # ---------------------------------------------------------------------------
 # The host side: queue, prefilled prompts, slots.
 # ---------------------------------------------------------------------------
@@ -239,6 +251,7 @@ class StreamStats:
   rows_started: int = 0
   rows_finished: int = 0
   tokens: int = 0  # tokens of finished rows
+  preempted: int = 0  # rows that gave their pages back and queued again (paged pools)
 
 
 class Stream:
@@ -256,8 +269,12 @@ class Stream:
 
   def __init__(self, sampler: sampler_lib.Sampler, params, rng_key, *, num_slots: int,
                max_prompt_len: int, chunk_steps: int = DEFAULT_CHUNK_STEPS,
-               window_step: int = DEFAULT_WINDOW_STEP, version: Any = None):
+               window_step: int = DEFAULT_WINDOW_STEP, version: Any = None,
+               kv_pages: int | None = 0,
+               page_size: int = paged_kv.DEFAULT_PAGE_SIZE):
     check_pool(sampler, num_slots, chunk_steps, window_step)
+    if kv_pages != 0 and (page_size < 1 or window_step % page_size):
+      raise ValueError(f"window_step={window_step} must be a multiple of page_size={page_size}")
     self.sampler, self.options, self.mesh = sampler, sampler.options, sampler.mesh
     self.num_slots, self.chunk_steps, self.window_step = num_slots, chunk_steps, window_step
     self.max_prompt_bucket = batch_lib.bucket(max_prompt_len, sampler.prompt_buckets,
@@ -266,6 +283,16 @@ class Stream:
     # because an ended row keeps running, masked, writing at its next slot
     # (decode writes are scatters promised to stay in bounds).
     self.cache_size = self.max_prompt_bucket + self.options.max_new_tokens
+    # kv_pages > 0: the slots take pages of `page_size` cache slots from a pool of
+    # kv_pages (paged_kv.py), each row whole pages; None: as many as fit (auto_num_pages).
+    self.pages = None
+    if kv_pages is None:  # auto: from the free device memory (none reported, as on CPU: 0)
+      row = -(-self.cache_size // page_size) * page_size
+      kv_pages = paged_kv.auto_num_pages(sampler.model_config, list(self.mesh.devices.flat),
+                                         num_slots, row, page_size)
+    if kv_pages:
+      self.cache_size = -(-self.cache_size // page_size) * page_size
+      self.pages = paged_kv.PageAllocator(num_slots, self.cache_size, kv_pages, page_size)
     if not jax.dtypes.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key):
       rng_key = jax.random.wrap_key_data(rng_key)
     self.key = jax.device_put(rng_key, sharding.replicated(self.mesh))
@@ -273,11 +300,13 @@ class Stream:
     self.prefilled: dict[tuple, tuple] = {}
     self.set_params(params, version)
     self.state = _empty_pool(self.key, model_config=sampler.model_config, options=self.options,
-                             mesh=self.mesh, num_slots=num_slots, cache_size=self.cache_size)
+                             mesh=self.mesh, num_slots=num_slots, cache_size=self.cache_size,
+                             num_pages=kv_pages, page_size=page_size if kv_pages else 0)
     # prompt -> row ids waiting, in arrival order of the prompts (a prompt's
     # samples run together, so its prefill is shared).
     self.queue: collections.OrderedDict[tuple, collections.deque] = collections.OrderedDict()
     self.slots: list[_Slot | None] = [None] * num_slots  # None: free
+    self._placed = 0  # rows placed so far (their order)
     self.stats = StreamStats()
 
   # -- feeding ---------------------------------------------------------------
@@ -322,14 +351,17 @@ class Stream:
   def step(self) -> list[Completion]:
     """Refill free slots, run one decode chunk, return the rows that ended."""
     self._refill()
+    if self.pages is not None:
+      self._page()
     live = [s for s in self.slots if s is not None]
     if not live:
       return []
     # Row j's next input goes to cache slot prompt_len + length - 1.
     reach = max(s.prompt_len + s.length for s in live)
     window = min(self.cache_size, -(-reach // self.window_step) * self.window_step)
-    # Stop to refill as soon as a slot frees up, unless nothing is waiting.
-    min_free = 1 if self.queue else self.num_slots + 1
+    # Stop to refill as soon as a slot frees up, unless nothing is waiting (with pages,
+    # slots can stay free while rows wait for pages).
+    min_free = self.num_slots - len(live) + 1 if self.queue else self.num_slots + 1
     self.state, steps = _decode_program(
         self.params, self.state, self.chunk_steps, min_free,
         model_config=self.sampler.model_config, options=self.options, window=window)
@@ -352,6 +384,8 @@ class Stream:
                             tempered_logprobs=tempered[j, :n], first_version=s.first_version,
                             last_version=self.version))
       self.slots[j] = None
+      if self.pages is not None:
+        self.pages.release(j)
       self.stats.rows_finished += 1
       self.stats.tokens += n
     return out
@@ -361,6 +395,10 @@ class Stream:
     rows = []  # (slot, prompt, (row id, temperature))
     while len(rows) < len(free) and self.queue:
       prompt, ids = next(iter(self.queue.items()))
+      # With pages, a row starts once its prompt and one chunk fit in the free pages.
+      if self.pages is not None and not self.pages.grow(
+          free[len(rows)], min(self.cache_size, len(prompt) + self.chunk_steps)):
+        break
       rows.append((free[len(rows)], prompt, ids.popleft()))
       if not ids:
         del self.queue[prompt]
@@ -376,8 +414,12 @@ class Stream:
       logits, batch, u = self.prefilled[prompt]
       by_batch.setdefault(id(batch), (batch, logits, []))[2].append(
           (slot, u, row_id, len(prompt), temperature))
-      self.slots[slot] = _Slot(row_id, len(prompt), self.version)
+      self._placed += 1
+      self.slots[slot] = _Slot(row_id, len(prompt), self.version, prompt, temperature,
+                               self._placed)
     n = self.num_slots
+    if self.pages is not None:  # the new rows' pages, before their prompts are written
+      self.state = _paging_program(self.state, jnp.asarray(self.pages.table), np.zeros(n, bool))
     for batch, logits, placed in by_batch.values():
       vec = lambda k, dtype=np.int32: np.array([x[k] for x in placed] + [1] * (n - len(placed)),
                                                dtype)
@@ -388,6 +430,35 @@ class Stream:
       del self.prefilled[prompt]
     self.stats.refills += 1
     self.stats.rows_started += len(rows)
+
+  def _page(self) -> None:
+    """Every live row's pages cover the slots its next chunk can write; where the pool
+    runs short the newest rows give theirs back and return to the queue's front (their
+    tokens depend on (key, row id) only: they sample again the same)."""
+    live = sorted((j for j, s in enumerate(self.slots) if s is not None),
+                  key=lambda j: self.slots[j].order)
+    dropped = np.zeros((self.num_slots,), bool)
+    for j in live:
+      s = self.slots[j]
+      if s is None:  # dropped below, for an older row
+        continue
+      need = min(self.cache_size, s.prompt_len + s.length - 1 + self.chunk_steps)
+      while self.slots[j] is not None and not self.pages.grow(j, need):
+        newest = max((k for k in live if self.slots[k] is not None),
+                     key=lambda k: self.slots[k].order)
+        self._requeue(newest)
+        dropped[newest] = True
+    self.state = _paging_program(self.state, jnp.asarray(self.pages.table), jnp.asarray(dropped))
+
+  def _requeue(self, j: int) -> None:
+    s = self.slots[j]
+    self.queue[s.prompt] = self.queue.pop(s.prompt, collections.deque())
+    self.queue[s.prompt].appendleft((s.row_id, s.temperature))
+    self.queue.move_to_end(s.prompt, last=False)
+    self.slots[j] = None
+    self.pages.release(j)
+    self.stats.rows_started -= 1
+    self.stats.preempted += 1
 
   def _prefill(self, prompts: list[tuple]) -> None:
     """The distinct `prompts` through the model in one batch, left-padded."""
@@ -408,13 +479,17 @@ class _Slot:
   row_id: int
   prompt_len: int
   first_version: Any
+  prompt: tuple = ()  # (paged pools: to queue the row again when it gives its pages back)
+  temperature: float = 1.0
+  order: int = 0  # placement order (paged pools preempt the newest)
   length: int = 1  # tokens sampled (host copy, refreshed after each chunk)
 
 
 def generate(sampler: sampler_lib.Sampler, params, prompts: Sequence[Sequence[int]],
              rng_key, temperature: float | None = None, *, num_slots: int,
-             chunk_steps: int = DEFAULT_CHUNK_STEPS,
-             window_step: int = DEFAULT_WINDOW_STEP) -> sampler_lib.Rollouts:
+             chunk_steps: int = DEFAULT_CHUNK_STEPS, window_step: int = DEFAULT_WINDOW_STEP,
+             kv_pages: int = 0, page_size: int = paged_kv.DEFAULT_PAGE_SIZE
+             ) -> sampler_lib.Rollouts:
   """`sampler(params, prompts, rng_key, temperature)` through a pool of `num_slots` rows:
   the same Rollouts (row i is prompts[i], seeded by its index i)."""
   if not prompts:
@@ -422,7 +497,7 @@ def generate(sampler: sampler_lib.Sampler, params, prompts: Sequence[Sequence[in
   n, m = len(prompts), sampler.options.max_new_tokens
   stream = Stream(sampler, params, rng_key, num_slots=num_slots,
                   max_prompt_len=max(map(len, prompts)), chunk_steps=chunk_steps,
-                  window_step=window_step)
+                  window_step=window_step, kv_pages=kv_pages, page_size=page_size)
   stream.add(prompts, range(n), temperature)
   tokens = np.full((n, m), sampler.options.pad_id, np.int32)
   logprobs, tempered = np.zeros((n, m), np.float32), np.zeros((n, m), np.float32)

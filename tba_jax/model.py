@@ -52,8 +52,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from tba_jax import attention as attention_lib
 from tba_jax import encoder as encoder_lib
 from tba_jax import losses
+from tba_jax import paged_kv
 from tba_jax.layers import (ACTIVATION_FNS, Dropout, Norm, apply_rope, dropped,
                             mean_pool_normalized, param, project, rope_inv_freq)
 from tba_jax.model_config import EncoderConfig, LoRAConfig, ModelConfig, RopeScaling  # noqa: F401 (re-exported)
@@ -120,11 +122,12 @@ class Attention(nnx.Module):
     self.cfg = cfg
     _add_adapters(self, cfg, "attn", rngs)
 
-  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None):
-    """x [B,T,D]; mask [B,T,S]; kv = None, or (k, v, layer): the stacked cache
-    buffers [L,B,K,S,H] and this layer's index into them; inv_freq: this layer's
-    rotary frequencies (None: no rope); `dropout` on the attention probabilities
-    (site 0)."""
+  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None, valid=None):
+    """x [B,T,D]; mask [B,T,S]; valid [B,S]: the slots holding real tokens; kv = None,
+    or (k, v, layer, page table): the stacked cache buffers [L,B,K,S,H] (or pages
+    [L,K,P,page,H] with their table, paged_kv.py) and this layer's index into them;
+    inv_freq: this layer's rotary frequencies (None: no rope); `dropout` on the
+    attention probabilities (site 0)."""
     q, k, v = project(x, self.q[...], self.k[...], self.v[...])  # [B,T,N,H], [B,T,K,H] x 2
     q, k, v = _adapted(self, "attn", x, q=q, k=k, v=v)
     if self.cfg.qkv_bias:
@@ -133,23 +136,33 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     if inv_freq is not None:
       q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+    impl = attention_lib.resolve(self.cfg.attention_impl)
     if kv is not None:
       # Write only the T new keys/values, in place, at the layer's slots from
       # `index` of the stacked buffers, then read this layer's window back. Carrying the whole
       # cache through the layer scan (rather than scanning over it as xs/ys)
       # keeps XLA from copying every layer's cache on every decode step.
-      k_all, v_all, layer = kv
-      k_all, k = _cache_write_read(k_all, layer, index, k, mask.shape[-1])
-      v_all, v = _cache_write_read(v_all, layer, index, v, mask.shape[-1])
-      kv = (k_all, v_all, layer)
-      out = _cached_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask, self.cfg.attn_scale,
-                              dropout)
-    elif dropout is not None:  # the fused kernel cannot drop probabilities: the same math
-      out = _cached_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask, self.cfg.attn_scale,
-                              dropout)
+      k_all, v_all, layer, table = kv
+      window = mask.shape[-1]
+      if table is None:
+        k_all, k = _cache_write_read(k_all, layer, index, k, window)
+        v_all, v = _cache_write_read(v_all, layer, index, v, window)
+      else:  # pages (paged_kv.py): written in place, the window gathered
+        k_all, k = paged_kv.write_read(k_all, layer, table, index, k, window)
+        v_all, v = paged_kv.write_read(v_all, layer, table, index, v, window)
+      kv = (k_all, v_all, layer, table)
+      if table is not None and impl == "pallas" and q.shape[1] == 1:
+        pages = lambda buf: jax.lax.dynamic_index_in_dim(buf, layer, 0, keepdims=False)
+        out = paged_kv.paged_decode(q, pages(k_all), pages(v_all), table, mask,
+                                    self.cfg.attn_scale, window)
+      elif dropout is not None:
+        out = attention_lib.grouped(q, k.astype(q.dtype), v.astype(q.dtype), mask,
+                                    self.cfg.attn_scale, dropout)
+      else:
+        out = attention_lib.cached(q, k.astype(q.dtype), v.astype(q.dtype), mask, valid, index,
+                                   self.cfg.attn_scale, impl)
     else:
-      # XLA's reference attention on CPU (exact); cuDNN/TPU kernels elsewhere.
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=self.cfg.attn_scale)
+      out = attention_lib.uncached(q, k, v, mask, valid, self.cfg.attn_scale, impl, dropout)
     [out] = _adapted(self, "attn", out, o=jnp.einsum("BTNH,NHD->BTD", out, self.o[...]))
     return (out + self.o_bias[...] if self.cfg.bias else out), kv
 
@@ -180,25 +193,6 @@ def _cache_write_read(buf, layer, index, new, window):
 def _row_slots(index, b: int, t: int):
   """(rows [B,1], slots [B,T]): the cache slots of T new tokens, row b's from index[b]."""
   return jnp.arange(b)[:, None], index[:, None] + jnp.arange(t)
-
-
-def _cached_attention(q, k, v, mask, scale=None, dropout=None):
-  """jax.nn.dot_product_attention's math (float32 softmax, same mask fill) over
-  cache slots: q [B,T,N,H], k/v [B,K,S,H], mask [B,T,S] -> [B,T,N,H]; logits
-  times `scale` (None: H ** -0.5); `dropout` on the probabilities (site 0).
-
-  Used for cached (sampling) calls. The cache is stored kv-head-major so both
-  einsums are batched over (B, K) with those axes leading in every operand:
-  no transposed copy of any layer's cache on a decode step.
-  """
-  b, t, n, h = q.shape
-  q = q.reshape(b, t, k.shape[1], n // k.shape[1], h)  # query head n = kv head * G + g
-  logits = jnp.einsum("BTKGH,BKSH->BKGTS", q, k, preferred_element_type=jnp.float32)
-  logits = logits * (h ** -0.5 if scale is None else scale)
-  logits = jnp.where(mask[:, None, None], logits, -0.7 * jnp.finfo(jnp.float32).max)
-  probs = dropped(jax.nn.softmax(logits, axis=-1), dropout, 0).astype(v.dtype)
-  out = jnp.einsum("BKGTS,BKSH->BKGTH", probs, v)
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 class MLP(nnx.Module):
@@ -244,8 +238,8 @@ class Block(nnx.Module):
       self.attn_post_norm, self.mlp_post_norm = _norm(cfg, rngs), _norm(cfg, rngs)
     self.parallel, self.post_norms = cfg.parallel_residual, cfg.post_norms
 
-  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None):
-    h, kv = self.attn(self.attn_norm(x), positions, mask, kv, index, inv_freq, dropout)
+  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None, valid=None):
+    h, kv = self.attn(self.attn_norm(x), positions, mask, kv, index, inv_freq, dropout, valid)
     if self.post_norms:
       h = self.attn_post_norm(h)
     h = dropped(h, dropout, 1)  # GPT-2's resid_pdrop, after each output projection
@@ -313,14 +307,15 @@ class Transformer(nnx.Module):
         [per] = per_layer
         m = jnp.where(per["sliding"], mask & (k_slot > q_slot - cfg.sliding_window), mask)
         f = None if inv_freq is None else per["inv_freq"]
-      x, kv = block(x, positions, m, kv, index, f, None if key is None else dropout.at(key))
+      x, kv = block(x, positions, m, kv, index, f, None if key is None else dropout.at(key),
+                    kv_mask[:, :window])
       if kv is not None:
-        kv = (kv[0], kv[1], kv[2] + 1)  # the next layer's index
+        kv = (kv[0], kv[1], kv[2] + 1, kv[3])  # the next layer's index
       return x, kv
 
     if remat:
       layer = nnx.remat(layer)
-    kv = None if cache is None else (cache.k, cache.v, jnp.zeros((), jnp.int32))
+    kv = None if cache is None else (cache.k, cache.v, jnp.zeros((), jnp.int32), cache.page_table)
     keys = None if dropout is None else dropout.layer_keys(cfg.num_layers)
     xs, in_axes = (self.layers, keys), (nnx.Carry, 0, 0)
     if cfg.sliding_layers:
@@ -379,6 +374,7 @@ class KVCache:
   # window is its own compiled program; every row's slots in use must lie
   # inside it.
   window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+  page_table = None  # a row per cache slot (paged_kv.PagedKVCache has pages instead)
 
   @classmethod
   def init(cls, cfg: ModelConfig, batch: int, size: int, dtype=None) -> KVCache:
@@ -386,6 +382,16 @@ class KVCache:
     dtype = dtype or cfg.jnp_dtype
     return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                mask=jnp.zeros((batch, size), bool), index=jnp.zeros((), jnp.int32))
+
+  def put_row(self, slot, k, v, length) -> KVCache:
+    """Row `slot` (a per-row index) starts over with k/v [L,K,T,H] at its slots [0, T),
+    `length` of them real (the rest stays masked, overwritten as the row grows)."""
+    write = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype),
+                                                        (0, slot, 0, 0, 0))
+    return dataclasses.replace(
+        self, k=write(self.k, k), v=write(self.v, v),
+        mask=self.mask.at[slot].set(jnp.arange(self.mask.shape[1]) < length),
+        index=self.index.at[slot].set(length))
 
   def extend(self, num_slots: int) -> KVCache:
     """The same cache with `num_slots` more empty slots at the end."""

@@ -20,6 +20,7 @@ ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 NORMS = ("rms", "rms_plus_one", "layer")
 # Projections LoRA can adapt, by our parameter names: attention q/k/v/o, MLP gate/up/down.
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "pallas")  # attention.py's backends
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +127,9 @@ class ModelConfig(_Config):
   sliding_window: int = 0  # > 0: the sliding layers' queries see their last this-many tokens
   sliding_layers: tuple[int, ...] = ()  # indices of the layers with the sliding window
   local_rope_theta: float | None = None  # sliding layers' rope base, unscaled (None: as global)
+  # Attention kernels (attention.py): "auto" (xla on CPU, cudnn on GPU, pallas on TPU),
+  # "xla", "cudnn" or "pallas"; the numbers agree to float32 round-off.
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     self._check_common()
@@ -149,6 +153,9 @@ class ModelConfig(_Config):
       raise ValueError(f"head_dim={self.head_dim} x rotary_fraction={self.rotary_fraction} = "
                        f"{self.rotary_dim} rotary dims; rotary embeddings need a positive even count")
 
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"attention_impl={self.attention_impl!r}: must be one of "
+                       f"{', '.join(ATTENTION_IMPLS)}")
     if self.lora is not None:
       self._check_lora()
 

@@ -37,7 +37,7 @@ from typing import Sequence
 
 import jax
 
-from tba_jax import continuous
+from tba_jax import continuous, paged_kv
 from tba_jax import turns as turns_lib
 from tba_jax.sampler import Sampler
 from tba_jax.searcher import Feed, Group, Sample, Sampled
@@ -53,14 +53,17 @@ class _Group:
 
 class StreamingRows:
   """A RowSource (searcher.py) over a continuous-batching pool of `num_slots` rows (module
-  doc); `chunk_steps` and `window_step` as continuous.Stream's. `turns`: (environment,
-  encode, decode) of a multi-turn task: the slots are then a turns.TurnPool (replies between
-  model turns, in one KV cache per row), with continuous.Stream's interface."""
+  doc); `chunk_steps`, `window_step`, `kv_pages` and `page_size` as continuous.Stream's.
+  `turns`: (environment, encode, decode) of a multi-turn task: the slots are then a
+  turns.TurnPool (replies between model turns, in one full-length KV cache row each: it
+  takes no pages), with continuous.Stream's interface."""
 
   def __init__(self, sampler: Sampler, *, num_slots: int, in_flight_updates: bool = True,
                chunk_steps: int = continuous.DEFAULT_CHUNK_STEPS,
-               window_step: int = continuous.DEFAULT_WINDOW_STEP, turns: tuple | None = None):
+               window_step: int = continuous.DEFAULT_WINDOW_STEP, kv_pages: int | None = 0,
+               page_size: int = paged_kv.DEFAULT_PAGE_SIZE, turns: tuple | None = None):
     continuous.check_pool(sampler, num_slots, chunk_steps, window_step)
+    self.kv_pages, self.page_size = kv_pages, page_size  # paged_kv.py (0: full rows)
     self.sampler, self.num_slots, self.in_flight_updates = sampler, num_slots, in_flight_updates
     self.turns = turns
     self.chunk_steps, self.window_step = chunk_steps, window_step
@@ -98,7 +101,8 @@ class StreamingRows:
       self._slots = continuous.Stream(
           self.sampler, params, jax.random.fold_in(feed.key, 0), num_slots=self.num_slots,
           max_prompt_len=feed.max_prompt_len, chunk_steps=self.chunk_steps,
-          window_step=self.window_step, version=version)
+          window_step=self.window_step, version=version, kv_pages=self.kv_pages,
+          page_size=self.page_size)
     elif version != self._slots.version and (self.in_flight_updates or not self._slots.busy()):
       self._slots.set_params(params, version)
 

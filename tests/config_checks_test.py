@@ -81,7 +81,7 @@ def _outside(check: str):
   """A value outside the range `check` allows (">= 1" -> 0, "[0, 1]" -> 1.5)."""
   bound = check.split()[-1].strip("[]()")
   if check.startswith(">="):
-    return int(bound) - 1 if bound.isdigit() else float(bound) - 1
+    return int(bound) - 1 if bound.lstrip("-").isdigit() else float(bound) - 1
   if check.startswith(">"):
     return float(bound) if "." in bound else int(bound)
   return float(bound) + 0.5
@@ -89,7 +89,7 @@ def _outside(check: str):
 
 def test_every_key_that_had_a_check_has_one_beside_its_default():
   """The checks live in the config file now (configs/common.py); none was lost."""
-  assert len(ENUMERATED) == 14 and len(RANGED) == 72
+  assert len(ENUMERATED) == 15 and len(RANGED) == 74
   assert config_checks.CHECKS["task.prompt_style"] is config_checks.prompt_style
   assert config_checks.CHECKS["model.lora.targets"] is config_checks.lora_targets
 

@@ -33,13 +33,13 @@ class SwitchingMailbox(weight_sync.Mailbox):
 
 
 def _searcher(cfg, *, num_slots=None, reward=None, mailbox=None, num_prompts=2, num_samples=2,
-              chunk_steps=32, in_flight_updates=True, ids=tuple(PROMPTS)):
+              chunk_steps=32, in_flight_updates=True, ids=tuple(PROMPTS), kv_pages=0):
   mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
   place = lambda p: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
   reference, policy = place(init_params(cfg, 0)), place(init_params(cfg, 1))
   sampler = Sampler(cfg, max_new_tokens=6, temperature=0.8, eos_ids=EOS, mesh=mesh)
   rows = (StreamingRows(sampler, num_slots=num_slots, chunk_steps=chunk_steps,
-                        in_flight_updates=in_flight_updates) if num_slots else
+                        in_flight_updates=in_flight_updates, kv_pages=kv_pages) if num_slots else
           StaticRows(sampler))
   return Searcher(
       0, rows=rows, ref_params=reference, mailbox=mailbox or weight_sync.Mailbox(3, policy),
@@ -59,14 +59,17 @@ def _groups(entries, s):
   return out
 
 
-def test_entries_equal_the_static_searchers_when_weights_do_not_change(tiny_cfg):
+# kv_pages 5: 3 scratch pages and 2 of 16 slots (a row's whole cache): at most 2 rows of
+# the 3 slots in flight, the others wait for pages (paged_kv.py).
+@pytest.mark.parametrize("kv_pages", [0, 5], ids=["full_rows", "paged"])
+def test_entries_equal_the_static_searchers_when_weights_do_not_change(tiny_cfg, kv_pages):
   # The stream is one endless batch 0: group g samples rows g*S.. with the batch-0 key, so
   # the first P groups are the static searcher's first batch, row for row (module doc).
   static = _searcher(tiny_cfg, num_prompts=4, num_samples=3)
   static.search_once()
   want = _groups(static.buffer.drain_new(), 3)
   # 3 slots for 4 x 3 rows: slots are refilled mid-batch, with rows of other prompts.
-  streaming = _searcher(tiny_cfg, num_slots=3, num_prompts=1, num_samples=3)
+  streaming = _searcher(tiny_cfg, num_slots=3, num_prompts=1, num_samples=3, kv_pages=kv_pages)
   got = {}
   for _ in range(20):
     streaming.search_once()
@@ -74,6 +77,7 @@ def test_entries_equal_the_static_searchers_when_weights_do_not_change(tiny_cfg)
     if set(want) <= set(got):
       break
   assert streaming.rows._slots.stats.refills >= 4  # 3 slots, 12 rows
+  assert (streaming.rows._slots.pages is not None) == bool(kv_pages)
   assert len({e.length for es in want.values() for e in es}) > 2  # rows ended at ragged lengths
   for pid, entries in want.items():
     for a, b in zip(entries, got[pid]):

@@ -1,0 +1,124 @@
+"""Attention backends (tba_jax/attention.py): every backend that runs on CPU (the
+Pallas GPU kernels in interpret mode) equals the xla path, for every architecture
+family, with LoRA, static and streaming; backends that cannot run here are refused."""
+import jax
+import numpy as np
+import pytest
+
+from hf_models import make_model, padded_batch
+from tba_jax import attention, continuous, hf_checkpoints, lora, losses, model, sampler
+from tba_jax.model_config import LoRAConfig
+
+# Llama (rope), GPT-NeoX (partial rotary, parallel residual, biases), GPT-2 (learned
+# positions), Qwen2 (q/k/v biases).
+FAMILIES = ["llama", "gpt_neox", "gpt2", "qwen2"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tmp_path_factory):
+  """(name, cfg with LoRA on every projection, params with trained-looking adapters)."""
+  hf = make_model(request.param, seed=3)
+  path = str(tmp_path_factory.mktemp(request.param))
+  hf.save_pretrained(path)
+  cfg, base = hf_checkpoints.load(path)
+  cfg = cfg.replace(lora=LoRAConfig(4, 8.0, cfg.projections))
+  adapters = lora.init_adapters(cfg, 1)
+  keys = iter(jax.random.split(jax.random.key(1), len(jax.tree.leaves(adapters))))
+  adapters = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape), adapters)
+  return request.param, cfg, lora.combine(base, adapters)
+
+
+def _impl(cfg, impl):
+  return cfg.replace(attention_impl=impl)
+
+
+def test_pallas_logits_equal_xla_left_and_right_padded(family):
+  _, cfg, params = family
+  for side in ("left", "right"):
+    tokens, mask = padded_batch(np.random.default_rng(0), [11, 6, 1], side)
+    want = np.asarray(model.logits(_impl(cfg, "xla"), params, tokens, mask))
+    got = np.asarray(model.logits(_impl(cfg, "pallas"), params, tokens, mask))
+    real = mask.astype(bool)
+    np.testing.assert_allclose(got[real], want[real], atol=2e-5, rtol=0)
+
+
+@pytest.mark.slow  # interpret-mode decode kernels over four families: minutes on 2 cores
+def test_pallas_greedy_tokens_equal_xla_static_and_streaming(family):
+  name, cfg, params = family
+  prompts = [[5, 9, 17, 33, 4, 8, 60], [7, 11, 3], [99]]
+  kw = dict(max_new_tokens=8, greedy=True)
+  want = sampler.generate(_impl(cfg, "xla"), params, prompts, **kw)
+  got = sampler.generate(_impl(cfg, "pallas"), params, prompts, **kw)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
+  streamed = continuous.generate(sampler.Sampler(_impl(cfg, "pallas"), **kw), params, prompts,
+                                 jax.random.key(0), num_slots=2, window_step=16)
+  np.testing.assert_array_equal(streamed.tokens, want.tokens)
+  assert len(set(want.tokens.ravel().tolist())) > 4, name  # the tokens depend on the context
+
+
+def test_pallas_greedy_tokens_equal_xla_on_a_tiny_lora_llama(tiny_cfg):
+  cfg = tiny_cfg.replace(lora=LoRAConfig(4, 8.0, tiny_cfg.projections))
+  params = model.init_params(cfg, 2)
+  params = {**params, "lm_head": params["lm_head"] * 4.0}  # peaked: greedy ties are rare
+  prompts = [[5, 9, 17, 33], [7, 11], [99]]
+  kw = dict(max_new_tokens=6, greedy=True)
+  want = sampler.generate(_impl(cfg, "xla"), params, prompts, **kw)
+  np.testing.assert_array_equal(sampler.generate(_impl(cfg, "pallas"), params, prompts,
+                                                 **kw).tokens, want.tokens)
+  streamed = continuous.generate(sampler.Sampler(_impl(cfg, "pallas"), **kw), params, prompts,
+                                 jax.random.key(0), num_slots=2, window_step=16)
+  np.testing.assert_array_equal(streamed.tokens, want.tokens)
+
+
+def test_pallas_training_gradients_equal_xla(tiny_cfg):
+  params = model.init_params(tiny_cfg, 0)
+  tokens, mask = padded_batch(np.random.default_rng(1), [9, 5], "left")
+
+  def loss(p, cfg):
+    lp = model.completion_token_logprobs(cfg, p, tokens, mask, 4, 1.0)
+    return losses.masked_sum(lp, mask[:, -4:]).sum()
+
+  want = jax.grad(loss)(params, _impl(tiny_cfg, "xla"))
+  got = jax.grad(loss)(params, _impl(tiny_cfg, "pallas"))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4), got, want)
+
+
+def test_decode_split_fits_the_kernel():
+  for s in (1, 15, 16, 37, 64, 200, 256, 300, 1024, 2100, 4096):
+    splits, size = attention._decode_split(s)
+    chunk = size // splits
+    assert size >= s and size % splits == 0 and chunk >= 16 and splits <= 16
+    assert chunk <= 128 or chunk % 128 == 0
+
+
+def test_backends_that_cannot_run_here_are_refused(tiny_cfg):
+  assert attention.resolve("auto", "cpu") == "xla"
+  assert attention.resolve("auto", "tpu") == "pallas"
+  assert attention.resolve("auto", "gpu") == "cudnn"
+  with pytest.raises(ValueError, match="'cudnn' needs a gpu device; .* backend is 'cpu'"):
+    attention.resolve("cudnn", "cpu")
+  with pytest.raises(ValueError, match="attention_impl='flash': must be one of"):
+    tiny_cfg.replace(attention_impl="flash")
+  sliding = tiny_cfg.replace(sliding_window=4, sliding_layers=(0,), attention_impl="pallas")
+  with pytest.raises(ValueError, match="no per-layer sliding window"):
+    attention.check(sliding)
+  attention.check(sliding.replace(attention_impl="xla"))
+
+
+@pytest.mark.slow
+def test_smollm2_pallas_greedy_32_tokens_equal_xla_static_and_streaming():
+  from tba_jax import tokenizer as tokenizer_lib
+  path = hf_checkpoints.smollm2_gguf_path()
+  tok = tokenizer_lib.from_gguf(path)
+  cfg, params = hf_checkpoints.load(path)
+  rows = [tok.encode(tok.chat_prompt(q)) for q in
+          ("What is 17 times 23?", "Name three prime numbers.")]
+  kw = dict(max_new_tokens=32, greedy=True, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+  want = sampler.generate(_impl(cfg, "xla"), params, rows, **kw)
+  got = sampler.generate(_impl(cfg, "pallas"), params, rows, **kw)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  streamed = continuous.generate(sampler.Sampler(_impl(cfg, "pallas"), **kw), params, rows,
+                                 jax.random.key(0), num_slots=2)
+  np.testing.assert_array_equal(streamed.tokens, want.tokens)
+  assert want.lengths.min() > 8
