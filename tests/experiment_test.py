@@ -162,6 +162,7 @@ def test_redteam_tiny_runs_async_to_the_end_with_evaluations_and_an_export(tmp_p
       ("eval/diversity", 2)]
 
 
+@pytest.mark.slow  # ~40 s; the GSM8K kill-and-resume test above stays in the default suite
 def test_redteam_sigkill_mid_run_then_rerun_resumes_to_the_final_step(tmp_path):
   workdir = str(tmp_path)
   arg = "tiny,num_train_steps=12,checkpoint.every=3"

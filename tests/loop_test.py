@@ -237,7 +237,7 @@ def _train_rows(workdir):
   return [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "loss" in r]
 
 
-@pytest.mark.parametrize("log_z", ["vargrad", "learned"])
+@pytest.mark.parametrize("log_z", ["vargrad", pytest.param("learned", marks=pytest.mark.slow)])
 def test_a_resumed_alternate_run_repeats_the_uninterrupted_one(tmp_path, log_z):
   whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
   loop.run(_alternate(8, log_z), whole, task=toy_task(_alternate(8)))

@@ -397,6 +397,7 @@ def test_a_lora_run_resumes_exactly_and_exports_merged_weights_and_a_peft_adapte
 
 
 
+@pytest.mark.slow  # ~40 s; multi-host is in the default suite (distributed_test), LoRA too
 def test_two_hosts_train_one_lora_policy_and_export_it(tmp_path):
   import json
   import socket

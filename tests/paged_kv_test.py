@@ -11,7 +11,7 @@ from tba_jax import continuous, paged_kv, sampler
 
 
 @pytest.mark.parametrize("num_slots,kv_pages,impl", [
-    (4, 64, "xla"),    # room for every row at full length
+    pytest.param(4, 64, "xla", marks=pytest.mark.slow),  # room for every row at full length
     (6, 20, "xla"),    # 6 scratch + 14 pages of 4 slots: rows wait and are preempted
     pytest.param(4, 24, "pallas", marks=pytest.mark.slow),  # the shipped paged kernel (interpret)
 ], ids=["roomy", "tight", "pallas"])

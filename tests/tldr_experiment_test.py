@@ -61,6 +61,7 @@ def test_tiny_runs_async_with_win_rate_before_and_after_an_export_that_evaluates
     assert alone[key] == pytest.approx(final[key], rel=1e-4, abs=1e-6), key
 
 
+@pytest.mark.slow  # a second TL;DR run; LoRA's evaluation and export are in lora_test
 def test_tiny_with_lora_evaluates_against_the_base_and_exports_its_adapter(tmp_path):
   """LoRA: the step-0 evaluation's reference is the base model under its own config (it
   used to run the base's weights with the adapters' config and stop)."""
