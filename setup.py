@@ -28,9 +28,8 @@ setup(
     extras_require={
         # torch (CPU build) and accelerate: parity tests against transformers' PyTorch models;
         # peft: the LoRA export loads onto its base; nbclient, nbformat, ipykernel: CI runs
-        # notebooks/colab.ipynb; alt-profanity-check: the red-teaming judge's tests;
-        # pytest-xdist: the suite runs in 2 processes (pytest.ini).
-        "test": ["pytest", "pytest-timeout", "pytest-xdist", "torch==2.13.0", "accelerate", "peft",
+        # notebooks/colab.ipynb; alt-profanity-check: the red-teaming judge's tests.
+        "test": ["pytest", "pytest-timeout", "torch==2.13.0", "accelerate", "peft",
                  "nbclient", "nbformat", "ipykernel", "alt-profanity-check>=1.9"],
         # configs/redteam.py:cpu's judge (task.redteam.judge="profanity_check"): an offline
         # classifier shipped inside the package.
