@@ -34,6 +34,7 @@ def base() -> ml_collections.ConfigDict:
       add_bos="auto",        # prompts' BOS, as configs/common.py's
       dtype="float32",       # "float32" or "bfloat16" parameters
       dropout=0.1,           # GPT-2's attention, residual and embedding dropout in training
+      attention_impl="auto",  # attention kernels, as configs/common.py's
       random=common.base().model.random.to_dict(),  # the architecture when path == "random"
   )
   c.data = dict(
