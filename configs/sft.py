@@ -65,7 +65,16 @@ def _tiny(c):
   c.log.every = 5
 
 
-RECIPES = {"gpt2": _gpt2, "tiny": _tiny}
+def _smollm2_redteam(c):
+  """The embedded SmolLM2 warmed up on configs/data/redteam_seed.jsonl (module docstring)."""
+  c.update(num_train_steps=24, batch_size=16)
+  c.model.update(path="smollm2", dropout=0.0)  # SmolLM2 has no dropout
+  c.data.path = "configs/data/redteam_seed.jsonl"
+  c.optim.update(learning_rate=1e-4, warmup_steps=0, weight_decay=0.0, num_microbatches=1)
+  c.log.every = 4
+
+
+RECIPES = {"gpt2": _gpt2, "tiny": _tiny, "smollm2_redteam": _smollm2_redteam}
 VARIANTS = tuple(RECIPES)
 
 
