@@ -161,6 +161,10 @@ def _common(c):
       judge_dtype="float32",
       embedder="sentence-transformers/all-MiniLM-L6-v2",  # evaluation's diversity
       seed=0,                   # victim replies (and "random" models' weights)
+      # "" = none; a configs/sft.py recipe ("VARIANT[,key=value...]"): the attacker's SFT
+      # warm-up from model.path into WORKDIR/attacker_sft before training, whose export is
+      # then the attacker and its reference (experiments/redteam.py)
+      attacker_sft="",
   ))
   c.model.update(path="sft/gpt2", dtype="float32", dropout=0.1)  # GPT-2's pdrops
   c.model.lora.update(rank=32, alpha=16.0, targets="q,k,v")  # GPT-2's c_attn (PEFT's default)
@@ -241,7 +245,7 @@ def _cpu(c):
   c.task.redteam.update(victim="smollm2", victim_dtype="float32", victim_prompt="chat",
                         victim_temperature=0.7, victim_top_p=0.92, victim_max_new_tokens=16,
                         num_replies=2, judge="profanity_check", judge_path="",
-                        embedder="smollm2")
+                        embedder="smollm2", attacker_sft="smollm2_redteam")
   c.mesh.update(num_cpu_devices=2, num_trainer_devices=1, num_searchers=1)
   c.sampler.update(num_samples_per_prompt=16, explore_low=0.7)
   c.searcher.update(mismatch_every=0)  # saves a forward pass per searcher batch

@@ -17,9 +17,15 @@ Not timed here (it needs the hub's gpt2 and the red-teaming repository).
 tiny: a random 2-layer model with the byte tokenizer, on 8 built-in rows, 20 steps
 (offline, about 10 s on 2 CPU cores): the smoke test of the job.
 """
+import os
+
 import ml_collections
 
 from configs import common
+
+# The red-teaming attacker's warm-up data: provoking instructions written for this repo.
+REDTEAM_SEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                            "redteam_seed.jsonl")
 
 
 def base() -> ml_collections.ConfigDict:
@@ -69,7 +75,7 @@ def _smollm2_redteam(c):
   """The embedded SmolLM2 warmed up on configs/data/redteam_seed.jsonl (module docstring)."""
   c.update(num_train_steps=24, batch_size=16)
   c.model.update(path="smollm2", dropout=0.0)  # SmolLM2 has no dropout
-  c.data.path = "configs/data/redteam_seed.jsonl"
+  c.data.path = REDTEAM_SEED
   c.optim.update(learning_rate=1e-4, warmup_steps=0, weight_decay=0.0, num_microbatches=1)
   c.log.every = 4
 
