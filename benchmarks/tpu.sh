@@ -10,49 +10,8 @@
 #   bash benchmarks/tpu.sh                    # a v5e chip by default
 #   CHIP=v5p HBM_GBPS=2765 PEAK_TFLOPS=459 bash benchmarks/tpu.sh
 #
-# Needs jax with the accelerator plugin, flax, optax, orbax-checkpoint, transformers,
-# ml-collections, gguf, tensorboardX (pip install -e . on a machine with network; on an
-# offline machine, carry wheels in .whl/ and they are installed first).
+# The steps are gpu.sh's; only the chip's peaks, its name and the output folder differ.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-out="${OUT:-/tmp/tba_tpu}"
-mkdir -p "$out"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/tba_site .whl/*.whl
-  export PYTHONPATH="/tmp/tba_site:${PYTHONPATH:-}"
-fi
-export PYTHONUNBUFFERED=1
-{
-  echo "== $(date -u) $(python3 -c 'import jax; print(jax.devices()[0].device_kind, len(jax.devices()))')"
-  echo "== attention backends on this device (tests/attention_test.py)"
-  python3 -m pytest -q -p no:cacheprovider tests/attention_test.py 2>&1 | tail -n 3 || true
-  python3 benchmarks/accelerator.py --hbm_gbps "${HBM_GBPS:-819}" --peak_tflops "${PEAK_TFLOPS:-197}" \
-    --attention_impl auto | tee "$out/accelerator.txt" || \
-  python3 benchmarks/accelerator.py --hbm_gbps "${HBM_GBPS:-819}" --peak_tflops "${PEAK_TFLOPS:-197}" \
-    --attention_impl xla | tee "$out/accelerator.txt"
-  echo "== measured beside predicted (${CHIP:-v5e})"
-  JAX_PLATFORMS=cpu python3 -m benchmarks.roofline --shapes rho-1b --recipes accelerator \
-    --json "$out/predicted.json" > "$out/roofline.txt"
-  python3 -m benchmarks.measured_vs_predicted "$out/accelerator.txt" "$out/predicted.json" \
-    --chip "${CHIP:-v5e}"
-  echo "== short async run (random RhoMath-1B shape, arithmetic task, 20 steps)"
-  python3 -m experiments.gsm8k --config configs/gsm8k.py:rho1b --workdir "$out/run" \
-    --compilation_cache= --config.model.path=random --config.model.tokenizer=bytes \
-    --config.model.random.vocab_size=32000 --config.model.random.dim=2048 \
-    --config.model.random.mlp_dim=5632 --config.model.random.num_layers=22 \
-    --config.model.random.num_heads=32 --config.model.random.num_kv_heads=4 \
-    --config.model.random.head_dim=64 --config.task.name=arithmetic \
-    --config.task.prompt_style="{question}" --config.task.max_prompt_len=32 \
-    --config.sampler.max_new_tokens=256 --config.num_train_steps=20 --config.eval.every=0 \
-    --config.eval.num_problems=64 --config.eval.max_new_tokens=256 --config.export=False \
-    --config.buffer.prefill=140 2>&1 | tail -n 5
-  python3 - "$out/run/metrics.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-train = [r for r in rows if "loss" in r]
-print(f"async run: {len(train)} steps, median step {sorted(r['step_seconds'] for r in train)[len(train)//2]:.2f} s, "
-      f"tokens/s {sorted(r['tokens_per_second'] for r in train)[len(train)//2]:.0f}, "
-      f"staleness mean {sum(r['staleness_mean'] for r in train)/len(train):.2f}, "
-      f"trainer idle {train[-1]['trainer_idle_fraction']:.2f}, searcher busy {train[-1]['searcher_busy_fraction']:.2f}")
-PY
-} 2>&1 | tee "$out/results.txt"
+export CHIP="${CHIP:-v5e}" HBM_GBPS="${HBM_GBPS:-819}" PEAK_TFLOPS="${PEAK_TFLOPS:-197}"
+export OUT="${OUT:-/tmp/tba_tpu}"
+exec bash "$(dirname "$0")/gpu.sh"
