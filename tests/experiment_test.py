@@ -321,7 +321,7 @@ def test_one_file_as_both_splits_is_refused_unless_asked_for(tmp_path):
      "--config=configs/redteam.py:tiny --workdir={workdir}"),
     (["--config=configs/gsm9k.py:tiny"], "gsm8k",
      "error: config file 'configs/gsm9k.py' does not exist (the configs are echo.py, gsm8k.py, "
-     f"math.py, redteam.py, tldr.py, tools.py in {ROOT}/configs); did you mean configs/gsm8k.py?"),
+     f"math.py, redteam.py, sft.py, tldr.py, tools.py in {ROOT}/configs); did you mean configs/gsm8k.py?"),
     (["--config=configs/gsm8k.py:tiny,task.max_prompt_len=3"], "gsm8k",
      "error: task.max_prompt_len=3: 12 of 12 prompts are longer (the longest, problem 0's, has "
      "15 tokens); raise task.max_prompt_len to at least that"),
