@@ -131,11 +131,18 @@ def test_synchronous_mode_equals_a_plain_synchronous_loop(tmp_path):
   assert all(r["staleness_max"] == 0 and r["fraction_from_latest"] == 1.0 for r in rows)
   _, ours = hf_checkpoints.load(str(tmp_path / "export"))
   want = _plain_synchronous_loop(c, task, tokenizer_lib.byte_tokenizer())
-  moved = 0.0
+  # Equal up to float rounding, which differs between CPUs (XLA's kernels block their sums
+  # by instruction set) and which Adam amplifies where a gradient is near 0: at most 0.1% of
+  # the weights differ by more than 2e-6, none by 1% of one update (lr 3e-3). Another
+  # reference, version or batch would move most weights by ~lr.
+  moved, loose, total = 0.0, 0, 0
   for a, b, init in zip(jax.tree.leaves(ours), jax.tree.leaves(want),
                         jax.tree.leaves(init_params(ModelConfig(**c.model.random.to_dict()), 0))):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=0)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=3e-5, rtol=0)
+    loose += int((np.abs(np.asarray(a) - np.asarray(b)) > 2e-6).sum())
+    total += np.asarray(a).size
     moved = max(moved, float(np.abs(np.asarray(b) - np.asarray(init)).max()))
+  assert loose <= 1e-3 * total, (loose, total)
   assert moved > 1e-3  # training really changed the parameters
 
 
