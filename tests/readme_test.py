@@ -141,7 +141,10 @@ def test_tiny_smoke_command_prints_the_banner_and_ending_readme_shows(tiny_run):
   workdir, out = tiny_run("gsm8k")
   lines = [line.rstrip() for line in out.stdout.splitlines()]
   ending = _block_after("The first ends with").replace(TINY_WORKDIRS["gsm8k"], workdir)
-  assert lines[-2:] == ending.strip().splitlines()  # the figures too: README shows the run's
+  # The figures too, but distinct_answers: which samples coincide follows the CPU's float
+  # rounding (1.25 on an AMD EPYC, 1.0 on an Intel Xeon); the accuracies do not.
+  distinct = lambda text: re.sub(r"distinct_answers \d\.\d+", "distinct_answers N", text)
+  assert [distinct(l) for l in lines[-2:]] == distinct(ending).strip().splitlines()
   banner = _block_after("Every run first prints its setup", doc="docs/configs.md")
   banner = banner.replace(TINY_WORKDIRS["gsm8k"], workdir).strip().splitlines()
   start = lines.index(banner[0])
