@@ -24,7 +24,7 @@ def base() -> ml_collections.ConfigDict:
   c = types.SimpleNamespace()  # a ConfigDict once each key's check is taken out (declare)
   c.seed = 0
   c.num_train_steps = key(700, ">= 1")
-  # > 0: also stop training after this much wall-clock (benchmarks)
+  # > 0: also stop after this many seconds of training (wall-clock, evaluations excluded)
   c.max_train_seconds = key(0.0, ">= 0")
 
   c.model = dict(

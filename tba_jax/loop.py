@@ -173,7 +173,7 @@ def run(config, workdir: str, task: Task | None = None,
     bar = tqdm.tqdm(total=c.num_train_steps, initial=start_step, disable=not is_main,
                     desc="train", dynamic_ncols=True)
     train_start = last_eval = time.perf_counter()
-    last, busy = max(c.num_train_steps, start_step), 0.0
+    last, busy, eval_spent = max(c.num_train_steps, start_step), 0.0, 0.0
     watch = LatestFractionWatch(b.m)
     batch_shardings = train_step.batch_shardings(trainer_mesh)
     for step in range(start_step, c.num_train_steps):
@@ -220,7 +220,7 @@ def run(config, workdir: str, task: Task | None = None,
       # Evaluate, save. One collective for the flags: every process evaluates / stops at
       # the same step.
       now = time.perf_counter()
-      out_of_time = bool(c.max_train_seconds) and now - train_start > c.max_train_seconds
+      out_of_time = 0 < c.max_train_seconds < now - train_start - eval_spent  # evals aside
       eval_due = due(done, c.eval.every) or bool(
           c.eval.every_seconds and now - last_eval >= c.eval.every_seconds)
       signum, out_of_time, eval_due = distributed.broadcast_max(stop.signum, out_of_time,
@@ -229,6 +229,7 @@ def run(config, workdir: str, task: Task | None = None,
       if eval_due and not last_step:
         evaluate(state.params, done)
         last_eval = time.perf_counter()
+        eval_spent += last_eval - now
       if signum:
         bar.close()  # the message on a line of its own
         return saves.preempted(done, signum, state, reference)
