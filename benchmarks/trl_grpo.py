@@ -213,6 +213,8 @@ def main():
   parser.add_argument("--trl_lr", type=float, default=1e-5)
   parser.add_argument("--trl_beta", type=float, default=0.04)
   parser.add_argument("--skip_tba", action="store_true", help="reuse --out/tba_jax's run")
+  parser.add_argument("--reuse_trl", default="",
+                      help="a curves.json of an earlier run whose TRL curves to reuse")
   parser.add_argument("--out", default="/tmp/tba_vs_trl")
   args = parser.parse_args()
   os.makedirs(args.out, exist_ok=True)
@@ -222,7 +224,11 @@ def main():
   if not args.skip_tba:
     run_tba(args, workdir)
   results = {"tba_jax": tba_curves(workdir)}
-  results["TRL GRPO"] = run_trl(args, args.out)
+  if args.reuse_trl:
+    with open(args.reuse_trl) as f:
+      results["TRL GRPO"] = json.load(f)["TRL GRPO"]
+  else:
+    results["TRL GRPO"] = run_trl(args, args.out)
   with open(os.path.join(args.out, "curves.json"), "w") as f:
     json.dump({"args": vars(args), **results}, f)
   plot(results, os.path.join(args.out, "curves.png"))

@@ -165,6 +165,7 @@ def test_tiny_smoke_command_prints_the_banner_and_ending_readme_shows(tiny_run):
   assert again.returncode == 0 and "this run finished at step 6" in again.stdout, again.stdout
 
 
+@pytest.mark.slow  # ~25 s; experiment_test plots runs of every task in the default suite
 def test_the_plot_example_draws_the_smoke_tests_headline_metrics(tiny_run, tmp_path):
   command = _block_after("## Plotting runs", "bash").strip()
   for experiment, readme_dir in TINY_WORKDIRS.items():
