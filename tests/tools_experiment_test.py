@@ -23,6 +23,24 @@ def _run(workdir, *overrides):
                         env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.parametrize("overrides", [
+    ("sync.mode=alternate",),
+    ("sync.mode=async", "sampler.num_slots=4"),  # a streaming searcher (the static async run
+])                                               # is the SIGKILL test's, slow-marked)
+def test_tiny_tool_run_trains_to_the_end_calling_its_tool(tmp_path, overrides):
+  from tba_jax.metrics import read_jsonl
+  workdir = str(tmp_path / "run")
+  done = _run(workdir, *overrides)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+  assert "Finished at step 6" in done.stdout
+  steps = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "loss" in r]
+  assert [r["step"] for r in steps] == list(range(1, 7))
+  assert all(np.isfinite(r["loss"]) for r in steps)
+  # Rows stopped at a call and went on after the reply: more than one turn, tool calls counted.
+  assert max(r["tools/turns_per_sample"] for r in steps) > 1
+  assert max(r["tools/calls_per_sample"] for r in steps) > 0
+
+
 @pytest.mark.slow
 def test_tiny_tool_run_resumes_after_sigkill_with_masks_intact(tmp_path):
   import orbax.checkpoint as ocp
