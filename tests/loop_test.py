@@ -471,3 +471,23 @@ def test_evaluation_runs_where_eval_devices_says_and_logs_its_time(tmp_path, mon
   evals = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "eval/greedy_pass@1" in r]
   assert [r["step"] for r in evals] == [0, 1, 2]
   assert all(r["eval_seconds"] > 0 for r in evals)
+
+
+def test_evaluations_do_not_count_against_max_train_seconds(tmp_path, monkeypatch):
+  """Each evaluation takes 1,000 s on the loop's clock; 500 s of training still trains on."""
+  import time as real_time
+  skipped = [0.0]
+  monkeypatch.setattr(loop, "time", type("Clock", (), {
+      "perf_counter": staticmethod(lambda: real_time.perf_counter() + skipped[0])}))
+  evaluate = loop._Evaluation.__call__
+
+  def slow(self, *args, **kw):
+    skipped[0] += 1000.0
+    return evaluate(self, *args, **kw)
+
+  monkeypatch.setattr(loop._Evaluation, "__call__", slow)
+  c = tiny_config(num_train_steps=4, max_train_seconds=500.0, eval=dict(every=1),
+                  sync=dict(mode="alternate", every=1), mesh=dict(num_devices=1))
+  assert loop.run(c, str(tmp_path), task=toy_task(c))["step"] == 4
+  rows = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "loss" in r]
+  assert [r["step"] for r in rows] == [1, 2, 3, 4]

@@ -23,10 +23,10 @@ def _run(workdir, *overrides):
                         env=env, capture_output=True, text=True, timeout=900)
 
 
-@pytest.mark.parametrize("overrides", [
-    ("sync.mode=alternate",),
-    ("sync.mode=async", "sampler.num_slots=4"),  # a streaming searcher (the static async run
-])                                               # is the SIGKILL test's, slow-marked)
+# Alternate mode, and async with a streaming searcher (the static async run is the SIGKILL
+# test's, slow-marked).
+@pytest.mark.parametrize("overrides", [("sync.mode=alternate",),
+                                       ("sync.mode=async", "sampler.num_slots=4")])
 def test_tiny_tool_run_trains_to_the_end_calling_its_tool(tmp_path, overrides):
   from tba_jax.metrics import read_jsonl
   workdir = str(tmp_path / "run")
