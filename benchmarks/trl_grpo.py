@@ -213,6 +213,8 @@ def main():
   parser.add_argument("--trl_lr", type=float, default=1e-5)
   parser.add_argument("--trl_beta", type=float, default=0.04)
   parser.add_argument("--skip_tba", action="store_true", help="reuse --out/tba_jax's run")
+  parser.add_argument("--trl_only", action="store_true",
+                      help="run TRL alone (pair it later with --reuse_trl --out/curves.json)")
   parser.add_argument("--reuse_trl", default="",
                       help="a curves.json of an earlier run whose TRL curves to reuse")
   parser.add_argument("--out", default="/tmp/tba_vs_trl")
@@ -221,9 +223,9 @@ def main():
   sys.path.insert(0, ROOT)
 
   workdir = os.path.join(args.out, "tba_jax")
-  if not args.skip_tba:
+  if not (args.skip_tba or args.trl_only):
     run_tba(args, workdir)
-  results = {"tba_jax": tba_curves(workdir)}
+  results = {} if args.trl_only else {"tba_jax": tba_curves(workdir)}
   if args.reuse_trl:
     with open(args.reuse_trl) as f:
       results["TRL GRPO"] = json.load(f)["TRL GRPO"]
@@ -232,6 +234,9 @@ def main():
   with open(os.path.join(args.out, "curves.json"), "w") as f:
     json.dump({"args": vars(args), **results}, f)
   plot(results, os.path.join(args.out, "curves.png"))
+  if args.trl_only:
+    print(f"TRL GRPO: {summary(results['TRL GRPO'])}")
+    return
 
   s = {k: summary(v) for k, v in results.items()}
   fmt = lambda v: "not reached" if v is None else f"{v:.0f} s"

@@ -104,6 +104,11 @@ def base() -> ml_collections.ConfigDict:
                                   # on CPU full rows), > 0 = a pool of this many pages,
                                   # -1 = full rows (each slot max_prompt + max_new slots)
       kv_page_size=key(16, ">= 1"),  # cache slots per page
+      # > 1: the completion columns of every teacher-forced pass (the searchers' reference and
+      # mismatch scoring, the trainer's update) are cut to the smallest of this many evenly
+      # spaced widths (multiples of 8 up to max_new_tokens) that holds the batch's longest
+      # completion (exact: only padding goes; each width compiles once); 1 = max_new_tokens
+      length_buckets=key(1, ">= 1"),
   )
   c.loss = dict(
       # "tb" (VarGrad trajectory balance), "rloo", "grpo", "ratio" (TBA-prime's per-token ratio

@@ -140,7 +140,8 @@ def _cpu(c):
                 "<|im_start|>assistant\n", question_suffix=" Answer with just the number.",
                 max_prompt_len=24)
   c.mesh.update(num_cpu_devices=2, num_trainer_devices=1, num_searchers=1)
-  c.sampler.update(max_new_tokens=32, num_samples_per_prompt=8, num_prompts_per_batch=4)
+  c.sampler.update(max_new_tokens=32, num_samples_per_prompt=8, num_prompts_per_batch=4,
+                   length_buckets=4)
   c.loss.update(beta_start=0.05, beta_end=0.05, beta_anneal_steps=1, beta_switch_step=1)
   # lr 1e-5, not 2e-5 (issue 25; BENCHMARKS, "Runs that keep improving"): with 16 samples a
   # step and Adam's steps of about lr whatever the gradient's size (clipping binds at every

@@ -4,6 +4,7 @@
   tokens, attention = token_rows(prompts, completions, layout)
   batch = from_entries(entries, layout, include_eos, group_ids)  # the buffer's batches
   size = bucket(n, buckets, "batch size")        # the compiled shape n rounds up to
+  batch = trim_completions(batch, num_widths)    # drop completion columns nobody uses
   tokens, mask = left_pad(prompts, length, pad)  # [N, length] rows, right-aligned
 
 Every row holds its prompt right-aligned in columns [0, Tp) (left padding) and
@@ -132,6 +133,33 @@ def from_entries(entries: Sequence[Entry], layout: Layout, include_eos: bool,
       group_ids=np.asarray(group_ids, np.int32).reshape(n),
       prompt_ids=np.array([e.prompt_id for e in entries], np.int32),
       versions=np.array([e.version for e in entries], np.int32))
+
+
+def completion_width(longest: int, full: int, num_widths: int) -> int:
+  """The completion columns a batch whose longest completion has `longest` tokens needs:
+  the smallest of `num_widths` evenly spaced widths (full * i / num_widths, rounded up to a
+  multiple of 8, at most `full`) that holds it. num_widths = 1: always `full`."""
+  widths = [min(-(-(full * i // num_widths) // 8) * 8, full) for i in range(1, num_widths)]
+  return next((w for w in widths if w >= longest), full)
+
+
+def trim_completions(batch: TrainBatch, num_widths: int) -> TrainBatch:
+  """`batch` with its completion columns cut to `completion_width` of its longest
+  completion (at most num_widths shapes, so at most num_widths compiles of whatever
+  takes it). Exact: the columns dropped are padding in every row (attention 0,
+  completion_mask 0, log-probs 0), and positions count real tokens only."""
+  tc = batch.completion_mask.shape[1]
+  used = batch.attention_mask[:, batch.prompt_len:].any(axis=0)
+  longest = int(np.flatnonzero(used)[-1]) + 1 if used.any() else 0
+  width = completion_width(longest, tc, num_widths)
+  if width == tc:
+    return batch
+  keep = batch.prompt_len + width
+  return dataclasses.replace(
+      batch, tokens=batch.tokens[:, :keep], attention_mask=batch.attention_mask[:, :keep],
+      completion_mask=batch.completion_mask[:, :width],
+      ref_logprobs=batch.ref_logprobs[:, :width],
+      behaviour_logprobs=batch.behaviour_logprobs[:, :width])
 
 
 def distinct_fraction(batch: TrainBatch) -> float:

@@ -364,7 +364,7 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
     sampler = Sampler(model_config, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                       top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
                       pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=s.min_new_tokens,
-                      end_with_eos=s.end_with_eos)
+                      end_with_eos=s.end_with_eos, length_buckets=s.length_buckets)
     turns = (None if task.environment is None else
              (task.environment, tokenizer.encode, tokenizer.decode))
     try:

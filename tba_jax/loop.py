@@ -185,6 +185,7 @@ def run(config, workdir: str, task: Task | None = None,
           b.num_prompts, b.samples_per_prompt, b.m, layout=pool.layout,
           include_eos=c.loss.include_eos, reward_tau=b.reward_tau,
           reward_weight=b.reward_weight, reuse_latest=b.reuse_latest)
+      batch = batch_lib.trim_completions(batch, c.sampler.length_buckets)
       # Staleness enters here: the trainer's version minus each sample's.
       staleness = int(state.step) - batch.versions
       state, m = update(state, _to_global(batch, batch_shardings))
@@ -425,6 +426,7 @@ def _metrics_row(m: dict, batch, info: dict, staleness: np.ndarray, dt: float, b
   waiting = pool.waiting_seconds
   return {**{k: float(v) for k, v in m.items()},
           "step_seconds": dt, "tokens_per_second": m["num_tokens"] / dt,
+          "completion_columns": batch.completion_mask.shape[1],
           "distinct_completions": batch_lib.distinct_fraction(batch),
           "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
           "staleness_hist": np.bincount(np.minimum(staleness, 16)).tolist(),

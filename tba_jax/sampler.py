@@ -362,7 +362,8 @@ class Sampler:
   searcher mesh (sharding.make_mesh("searcher", devices, tensor)); None means
   the first device. Params go to `sharding.param_shardings(cfg, "searcher",
   mesh)` (no copy when they already live there), the batch over "data", the
-  KV cache per `sharding.cache_sharding`.
+  KV cache per `sharding.cache_sharding`. `length_buckets`: the completion widths
+  of the searcher's teacher-forced scoring passes (batch.completion_width).
   """
 
   def __init__(self, model_config: ModelConfig, *, max_new_tokens: int, temperature: float = 1.0,
@@ -370,7 +371,7 @@ class Sampler:
                eos_ids: Sequence[int] | int | None = None, pad_id: int = 0, mesh=None,
                min_new_tokens: int = 0, end_with_eos: bool = False,
                prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
-               batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS):
+               batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, length_buckets: int = 1):
     if eos_ids is None:
       eos_ids = ()
     elif isinstance(eos_ids, (int, np.integer)):
@@ -384,6 +385,7 @@ class Sampler:
     data = sharding.batch_size_multiple("searcher", self.mesh)
     self.prompt_buckets = tuple(sorted(prompt_buckets))
     self.batch_buckets = tuple(sorted({-(-b // data) * data for b in batch_buckets}))
+    self.length_buckets = length_buckets
     self.param_shardings = sharding.param_shardings(model_config, "searcher", self.mesh)
 
   def __call__(self, params: Params, prompts: Sequence[Sequence[int]], rng_key,

@@ -427,12 +427,14 @@ class Searcher:
 
   def _teacher_forced(self, model_config: ModelConfig, params: Params, prompts: list[list[int]],
                       completions: list[np.ndarray]) -> np.ndarray:
-    """[N, Tc] per-token log-probs of the completions under `params` (the trainer's
-    function, at the sampler's temperature), 0 past each one's end."""
+    """[N, W] per-token log-probs of the completions under `params` (the trainer's
+    function, at the sampler's temperature), 0 past each one's end; W (<= max_new_tokens)
+    the sampler's length bucket of the longest."""
     sampler = self.rows.sampler
     n = len(prompts)
-    layout = batch_lib.Layout(self.max_prompt_len, sampler.options.max_new_tokens,
-                              sampler.options.pad_id)
+    width = batch_lib.completion_width(max(map(len, completions)),
+                                       sampler.options.max_new_tokens, sampler.length_buckets)
+    layout = batch_lib.Layout(self.max_prompt_len, width, sampler.options.pad_id)
     # Pad the batch to the sampler's batch bucket so this compiles once per bucket.
     b = batch_lib.bucket(n, sampler.batch_buckets, "batch size")
     tokens, mask = batch_lib.token_rows(prompts + [[]] * (b - n), completions + [[]] * (b - n),

@@ -28,3 +28,11 @@ def test_distinct_fraction_counts_distinct_completions_per_group():
                        prompt_ids=np.array([7, 7, 7, 7, 8, 8], np.int32),
                        versions=np.zeros(n, np.int32))
   assert batch.distinct_fraction(b) == (2 / 4 + 1 / 2) / 2
+
+
+def test_completion_width_takes_the_smallest_bucket_that_holds_the_longest():
+  widths = [batch.completion_width(n, 32, 4) for n in (0, 1, 8, 9, 16, 17, 24, 25, 32)]
+  assert widths == [8, 8, 8, 16, 16, 24, 24, 32, 32]
+  assert [batch.completion_width(n, 512, 4) for n in (100, 129, 300, 511)] == [128, 256, 384, 512]
+  assert batch.completion_width(3, 4, 4) == 4  # never past the layout
+  assert batch.completion_width(5, 32, 1) == 32  # one bucket: the full layout

@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+from tba_jax import batch as batch_lib
 from tba_jax import losses, model, sharding
 from tba_jax import train_step as ts
 
@@ -201,6 +202,25 @@ def test_sharded_update_equals_single_device(tiny_cfg):
   assert_same_change(four, one, params, 1e-5)
   for key in ("loss", "grad_norm", "log_z_mean", "kl"):
     np.testing.assert_allclose(m1[key], m4[key], rtol=1e-5, err_msg=key)
+
+
+def test_trimmed_completion_columns_change_no_update(tiny_cfg):
+  """batch.trim_completions drops padding only: a batch padded to 2 TC completion columns is
+  cut back to TC, and the update on the wide batch is the update on the cut one."""
+  params = np_params(tiny_cfg, 0)
+  narrow = make_batch(tiny_cfg, 5, equal_groups(4, 4, seed=5), np_params(tiny_cfg, 1))
+  widen = lambda x: np.pad(x, ((0, 0), (0, TC)))
+  wide = ts.TrainBatch(**{**vars(narrow), **{k: widen(getattr(narrow, k)) for k in (
+      "tokens", "attention_mask", "completion_mask", "ref_logprobs", "behaviour_logprobs")}})
+  assert batch_lib.trim_completions(wide, 1) is wide  # one width: always the full layout
+  cut = batch_lib.trim_completions(wide, 2)
+  for name, x in vars(cut).items():
+    np.testing.assert_array_equal(x, getattr(narrow, name), err_msg=name)
+  a, [ma] = run(tiny_cfg, params, [wide], num_devices=1)
+  b, [mb] = run(tiny_cfg, params, [cut], num_devices=1)
+  assert_same_change(a, b, params, 1e-5)
+  for key in ("loss", "grad_norm", "kl", "entropy", "num_tokens"):
+    np.testing.assert_allclose(ma[key], mb[key], rtol=1e-5, err_msg=key)
 
 
 def favour_one_per_prompt(ids):
