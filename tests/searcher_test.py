@@ -1,4 +1,6 @@
 """A searcher: prompt shards, the reward stage on whole batches, reference log-probs."""
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -166,3 +168,20 @@ def test_sampler_mismatch_recomputes_the_samples_log_probs_as_the_trainer_would(
   assert 0 <= searcher.stats.mismatch < 1e-4
   entries = searcher.buffer.drain_new()
   assert max(np.abs(e.behaviour_logprobs).sum() for e in entries) > 1.0  # real log-probs
+
+
+def test_scoring_in_a_length_bucket_gives_the_full_layouts_log_probs(tiny_cfg):
+  """sampler.length_buckets cuts the scoring pass's completion columns (24 -> 8 here):
+  the reference log-probs of every completion are those of the full layout."""
+  searcher, _ = _searcher(tiny_cfg, lambda batch: np.zeros(len(batch)))
+  sampler = searcher.rows.sampler
+  sampler.options = dataclasses.replace(sampler.options, max_new_tokens=24)
+  rng = np.random.default_rng(0)
+  completions = [rng.integers(4, tiny_cfg.vocab_size, n).astype(np.int32) for n in (2, 5, 7)]
+  prompts = [PROMPTS[i] for i in (0, 1, 2)]
+  full = searcher._teacher_forced(tiny_cfg, searcher.ref_params, prompts, completions)
+  sampler.length_buckets = 3
+  cut = searcher._teacher_forced(tiny_cfg, searcher.ref_params, prompts, completions)
+  assert full.shape == (3, 24) and cut.shape == (3, 8)
+  np.testing.assert_allclose(cut, full[:, :8], rtol=1e-5, atol=1e-5)
+  assert not full[:, 8:].any() and np.abs(cut).sum() > 1.0
