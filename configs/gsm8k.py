@@ -148,7 +148,8 @@ def _cpu(c):
   # step), 2e-5 moved the batch's log-probs ~2 nats per update, the policy's entropy fell to
   # 0.09 nats and held-out accuracy fell from 0.83 (step 15) to 0.52 (step 30), confidently
   # wrong answers borrowed from neighbouring training problems; 1e-5 moves them ~0.7 nats
-  # and ran 90 steps to 0.93 (peak 0.96).
+  # and ran 90 steps to 0.93 (peak 0.96). Not the whole cause: a 25-minute run at 1e-5
+  # (2026-12-03) fell from 0.82 to 0.42 at step 50 before recovering (BENCHMARKS).
   c.optim.update(learning_rate=1e-5, schedule="constant", warmup_steps=0, grad_clip_norm=1.0)
   c.buffer.update(num_prompts=4, samples_per_prompt=4, prefill=32)
   c.sync.update(every=2)
