@@ -198,11 +198,6 @@ def base() -> ml_collections.ConfigDict:
       # "async" (searchers in threads) or "alternate" (search, then k steps; what one device does;
       # synchronous with k=1, m=1)
       mode=key("async", ("async", "alternate")),
-      # async: each searcher samples at most its share of a window's prompts (k x B x m, an
-      # alternate round's) per published version, then waits for the next weights. Where the
-      # roles share compute (CPU cores) the trainer gets the time a surplus took; False (the
-      # paper's): searchers never wait, as on their own accelerators
-      paced=False,
       # "" = model.dtype; cast published weights (e.g. "bfloat16")
       weights_dtype=key("", ("", "float32", "bfloat16")),
       in_flight_updates=True,  # streaming searchers (sampler.num_slots > 0) take new weights

@@ -75,8 +75,7 @@ def describe(c, *, trainer_mesh, searcher_meshes, mode: str, model_config, num_p
       "batch": {"prompts": b.num_prompts, "samples_per_prompt": b.samples_per_prompt,
                 "m": b.m, "sync_every": c.sync.every, "searcher_prompts": s.num_prompts_per_batch,
                 "searcher_samples_per_prompt": s.num_samples_per_prompt,
-                "searcher_slots": s.num_slots, "in_flight_updates": c.sync.in_flight_updates,
-                "paced": c.sync.paced and mode == "async"},
+                "searcher_slots": s.num_slots, "in_flight_updates": c.sync.in_flight_updates},
       "steps": {"from": start_step, "to": c.num_train_steps},
       **schedules(c, beta_at, lr_at),
   }
@@ -97,9 +96,6 @@ def banner(setup: dict, workdir: str) -> str:
   ta, ba = setup["task"], setup["batch"]
   mode = {"async": "async (searchers sample in threads while the trainer trains)",
           "alternate": "alternate (a search round, then sync_every training steps)"}[setup["mode"]]
-  if ba.get("paced"):
-    mode = ("async, paced (searchers sample in threads while the trainer trains, a window's "
-            "prompts per published version)")
   shared = " (the same device)" if sr["shared_with_trainer"] else ""
   if ba["searcher_slots"]:
     weights = ("new weights taken between decode chunks" if ba["in_flight_updates"] else

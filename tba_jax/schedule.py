@@ -1,7 +1,7 @@
 """When the periodic things of a run happen: one predicate, and the searchers' schedule.
 
   due(done, every, total)   # after `done` steps: every `every` steps (0: never), and at `total`
-  Schedule(mode, sync_every, prefill_prompts, window_prompts, paced)   # fixed for the run
+  Schedule(mode, sync_every, prefill_prompts, window_prompts)   # fixed for the run
 
 Every periodic action of the trainer's loop (log, sync, reference reset,
 evaluation, checkpoint) asks `due`, as big_vision's `u.itstime`. `Schedule` is how
@@ -14,11 +14,6 @@ never asks which mode it is in):
              takes k steps: a round at the pre-fill and at the first step of every
              window of k steps (what one device does; with k=1, m=1 and no reuse,
              exactly synchronous on-policy training).
-  paced      (async) after the first weights are published, each searcher runs at most
-             its share of a window's round per published version, then waits for the
-             next: the searchers sample what the trainer will take, not more. Where the
-             roles share compute (CPU cores), the surplus's time goes to the trainer;
-             on separate accelerators a surplus is free, and unpaced is the paper's.
 """
 from __future__ import annotations
 
@@ -41,16 +36,14 @@ class Schedule:
   sync_every: int = 1       # k: trainer steps between weight syncs (sync.every)
   prefill_prompts: int = 1  # alternate: prompts of one pre-fill round (buffer.num_prompts)
   window_prompts: int = 1   # alternate: prompts of the round before each window of k steps
-  paced: bool = False       # async: at most window_prompts per published version (module doc)
 
   def __post_init__(self):
     if self.mode not in MODES or self.sync_every < 1:
       raise ValueError(f"mode={self.mode!r} (one of {MODES}), sync_every={self.sync_every} >= 1")
 
   @classmethod
-  def of(cls, mode: str, sync_every: int, num_prompts: int, m: float,
-         paced: bool = False) -> Schedule:
+  def of(cls, mode: str, sync_every: int, num_prompts: int, m: float) -> Schedule:
     """A window's round searches what k steps want from the latest sync: k x B x m prompts,
     at least B (the pre-fill's rounds search B)."""
     return cls(mode, sync_every, num_prompts,
-               max(num_prompts, math.ceil(sync_every * num_prompts * m)), paced)
+               max(num_prompts, math.ceil(sync_every * num_prompts * m)))

@@ -11,7 +11,6 @@
   pool.start()                      # async mode: one thread per searcher
   pool.search_round(num_prompts)    # alternate mode: the searchers run in the caller's thread
   pool.publish(version, params)     # new weights; a searcher takes them at its next batch
-                                    # (paced: a new window of searches opens)
   pool.merge(global_buffer)         # every host's new entries, in the same order everywhere
   if pool.failed(): ...             # collective: True on every host when any searcher gave up
   entries, states = pool.snapshot() # collective: every host's unmerged entries and cursors
@@ -114,11 +113,6 @@ class SearcherPool:
     self._retrying: list[set[int]] = [set() for _ in range(n)]  # prompts of its last failure
     self._restarts_all = 0  # every host's restarts, as of the latest `failed` (or restore)
     self._stop = threading.Event()
-    # Paced async searchers (schedule.py): searches since the latest publish, under a
-    # condition the publish and stop notify; the cap holds from the first publish on.
-    self._window = threading.Condition()
-    self._window_searches = [0] * n
-    self._paced = False
     self._threads: list[threading.Thread] = []
     self._start_time: float | None = None
 
@@ -188,8 +182,6 @@ class SearcherPool:
 
   def stop(self, timeout: float = 60.0) -> None:
     self._stop.set()
-    with self._window:
-      self._window.notify_all()
     for t in self._threads:
       t.join(timeout=timeout)
 
@@ -200,29 +192,18 @@ class SearcherPool:
     that gives up ends its part of the round (`failed`).
     """
     self._started()
-    per = self._searches_for(num_prompts)
+    s = self.searchers[0]
+    per = math.ceil(num_prompts / (len(self.searchers) * jax.process_count() * s.num_prompts))
     for i in range(len(self.searchers)):
       done = 0
       while done < per and self._errors[i] is None:
         done += self._step(i)
 
-  def _searches_for(self, num_prompts: int) -> int:
-    """Searches each searcher runs so that every host's together take `num_prompts`."""
-    per_search = len(self.searchers) * jax.process_count() * self.searchers[0].num_prompts
-    return math.ceil(num_prompts / per_search)
-
   def _run(self, i: int) -> None:
-    """Thread body: batches until stopped or given up (paced: within the window's share)."""
-    cap = self._searches_for(self.schedule.window_prompts)
+    """Thread body: batches until stopped or given up."""
     try:
       while not self._stop.is_set() and self._errors[i] is None:
-        # Counted when it starts: a search that spans a publish is the old window's.
-        with self._window:
-          self._window.wait_for(lambda: self._stop.is_set() or not self._paced or
-                                self._window_searches[i] < cap)
-          self._window_searches[i] += 1
-        if not self._stop.is_set():
-          self._step(i)
+        self._step(i)
     except BaseException:  # not an Exception (e.g. SystemExit in the thread): no restart
       self._errors[i] = traceback.format_exc()
 
@@ -267,10 +248,6 @@ class SearcherPool:
     """The trainer's params (version = its step) to every searcher's mailbox."""
     for i, sr in enumerate(self.searchers):
       sr.mailbox.put(version, self._publish(params, i))
-    with self._window:
-      self._paced = self.schedule.paced
-      self._window_searches = [0] * len(self.searchers)
-      self._window.notify_all()
 
   def set_reference(self, params: Params) -> None:
     """Reference reset: later samples are scored against `params`."""

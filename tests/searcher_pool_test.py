@@ -225,25 +225,3 @@ def test_the_schedule_decides_when_rounds_run_and_when_a_sync_merges():
   assert not asynchronous.before_step(2, buffer) and len(buffer) == 0  # no rounds
   assert not asynchronous.sync(1, "params", buffer) and len(buffer) > 0  # k = 1: merged
   asynchronous.stop()
-
-
-def test_paced_searchers_sample_a_window_s_share_per_published_version_then_wait():
-  # A window: k x B x m = 2 x 4 x 1.0 = 8 prompts; 2 searchers x 2 prompts a search: 2 each.
-  paced = Schedule.of("async", 2, 4, 1.0, paced=True)
-  unpublished, _ = _pool(FakeSearcher(0), schedule=paced)
-  unpublished.start()  # no weights published yet (the pre-fill): not paced
-  assert _wait(lambda: unpublished.searchers[0].calls >= 5)
-  unpublished.stop()
-  pool, _ = _pool(FakeSearcher(0), FakeSearcher(1), schedule=paced)
-  versions = lambda s: [e.version for e in s.buffer.entries()[::2]]  # one per search
-  pool.publish(2, "w")
-  pool.start()
-  assert _wait(lambda: all(s.calls == 2 for s in pool.searchers))
-  time.sleep(0.2)  # they wait for the next weights
-  assert [versions(s) for s in pool.searchers] == [[2, 2]] * 2
-  pool.publish(4, "w")
-  assert _wait(lambda: all(s.calls == 4 for s in pool.searchers))
-  time.sleep(0.2)
-  assert [versions(s) for s in pool.searchers] == [[2, 2, 4, 4]] * 2
-  pool.stop()  # wakes the waiting threads
-  assert not any(t.name.startswith("searcher-") for t in threading.enumerate())
