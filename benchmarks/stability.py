@@ -21,12 +21,12 @@ ACC, SE = "eval/sampled_pass@1", "eval/sampled_pass@1_se"
 
 # name -> overrides of the cpu recipe (the recipe itself is `base`).
 ARMS = {
-    "base": [],                                        # lr 1e-5 since issue 25
-    "lr_2e-5": ["optim.learning_rate=2e-5"],           # the recipe before issue 25
+    "base": [],                                        # lr 1e-5, K = 8 since issue 25
+    "lr_2e-5": ["optim.learning_rate=2e-5"],           # the recipe's lr before issue 25
+    "k4": ["buffer.samples_per_prompt=4"],             # the recipe's K before issue 25
     "alternate": ["sync.mode=alternate"],              # no staleness beyond the window
     "on_policy": ["sync.mode=alternate", "sync.every=1", "buffer.m=1.0"],  # synchronous
     "no_clip": ["optim.grad_clip_norm=0"],
-    "k8": ["buffer.samples_per_prompt=8"],             # TRL's 4 x 8
     "beta_0.2": ["loss.beta_start=0.2", "loss.beta_end=0.2"],
     "learned_log_z": ["loss.log_z=learned"],
     "sync_every_4": ["sync.every=4"],                  # staler samples
