@@ -10,12 +10,11 @@ variant has not been measured yet):
           dequantised to float32) on offline single-digit + and * problems, 1
           trainer + 1 searcher on 2 CPU devices. No network needed.
             python -m experiments.gsm8k --config configs/gsm8k.py:cpu --workdir /tmp/tba_cpu
-          Hardware: 2-core CPU (AMD EPYC, no accelerator). Measured 2026-11-30, seed 0,
-          cold compilation cache: 9 min 14 s wall-clock for 30 steps with 3
+          Hardware: 2-core CPU (Intel Xeon, no accelerator). Measured 2026-12-03, seed 0,
+          compilation cache warm: 10 min 22 s wall-clock for 30 steps with 3
           evaluations and the export; held-out sampled accuracy (32 problems x 2
-          samples, T = 0.7) 0.297 at the start, 0.812 at step 15, 0.891 at the end
-          (then at lr 2e-5). At lr 1e-5, 2026-12-02, a busy machine: 14 min 17 s,
-          0.297 -> 0.781 -> 0.859; 90 steps (32 x 8 samples): peak 0.961, end 0.934.
+          samples, T = 0.7) 0.297 at the start, 0.906 at step 15, 0.969 at the end.
+          90 steps (32 x 8 samples): peak 0.980, end 0.961 (BENCHMARKS.md, issue 25).
 
   rho1b   The paper's Figure 1 run as the authors ran it (bbartoldson/TBA; the table
           below gives every setting next to theirs): RhoMath-1B SFT, bfloat16
