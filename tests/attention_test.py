@@ -57,6 +57,7 @@ def test_pallas_greedy_tokens_equal_xla_static_and_streaming(family):
   assert len(set(want.tokens.ravel().tolist())) > 4, name  # the tokens depend on the context
 
 
+@pytest.mark.slow  # ~10 s in interpret mode; the logits and gradients tests stay default
 def test_pallas_greedy_tokens_equal_xla_on_a_tiny_lora_llama(tiny_cfg):
   cfg = tiny_cfg.replace(lora=LoRAConfig(4, 8.0, tiny_cfg.projections))
   params = model.init_params(cfg, 2)

@@ -55,7 +55,11 @@ def rows(seed=0, lengths=(7, 4, 6)):
 # ---------------------------------------------------------------------------
 # The model.
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+# llama and gemma3_text by default; the other families (their norms, biases and positions
+# differ, the adapted projections do not) are slow-marked, ~8 s each.
+@pytest.mark.parametrize("name", [n if n in ("llama", "gemma3_text") else
+                                  pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(ARCHITECTURES)])
 def test_lora_forward_equals_the_merged_weights_forward(name):
   cfg = with_lora(ARCHITECTURES[name])
   base = model.init_params(lora.base_config(cfg), 0)
@@ -192,8 +196,9 @@ def test_the_optimizer_state_holds_only_adapters(tiny_cfg):
   assert lora.count(cfg) == 2 * (64 * 4 + 4 * 64 + 64 * 4 + 4 * 32)  # 2 layers x (q + v)
 
 
-@pytest.mark.parametrize("loss_fn", [train_step.tb_loss, train_step.rloo_loss,
-                                     train_step.grpo_loss])
+@pytest.mark.parametrize("loss_fn", [  # the baselines slow-marked (~8 s each)
+    train_step.tb_loss, pytest.param(train_step.rloo_loss, marks=pytest.mark.slow),
+    pytest.param(train_step.grpo_loss, marks=pytest.mark.slow)])
 def test_tb_and_the_baselines_raise_the_rewarded_completions_on_4_devices(tiny_cfg, loss_fn):
   cfg = with_lora(tiny_cfg, alpha=32.0)
   base = jax.tree.map(np.asarray, model.init_params(tiny_cfg, 0))

@@ -11,6 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "colab.ipynb")
 
 
+@pytest.mark.slow  # ~35 s: the whole notebook; the checks below of how it starts stay default
 def test_the_colab_notebook_runs_in_quick_mode_by_readme_s_command(tmp_path):
   nbformat = pytest.importorskip("nbformat")
   readme = open(os.path.join(ROOT, "README.md")).read()

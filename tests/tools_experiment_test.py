@@ -25,8 +25,9 @@ def _run(workdir, *overrides):
 
 # Alternate mode, and async with a streaming searcher (the static async run is the SIGKILL
 # test's, slow-marked).
-@pytest.mark.parametrize("overrides", [("sync.mode=alternate",),
-                                       ("sync.mode=async", "sampler.num_slots=4")])
+@pytest.mark.parametrize("overrides", [
+    pytest.param(("sync.mode=alternate",), marks=pytest.mark.slow),  # the loop's tests cover it
+    ("sync.mode=async", "sampler.num_slots=4")])
 def test_tiny_tool_run_trains_to_the_end_calling_its_tool(tmp_path, overrides):
   from tba_jax.metrics import read_jsonl
   workdir = str(tmp_path / "run")

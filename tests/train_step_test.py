@@ -153,7 +153,10 @@ def test_tb_gradient_equals_kl_penalised_reinforce(tiny_cfg):
 
 
 # TB over M = 1, 2, 4, 8 (remat on for M = 2); the baselines over M = 1, 4.
-MICROBATCH_CASES = [(ts.tb_loss, (1, 2, 4, 8)), (ts.rloo_loss, (1, 4)), (ts.grpo_loss, (1, 4))]
+# The baselines' cases are slow-marked (~10 s each): they share the accumulation with TB's.
+MICROBATCH_CASES = [(ts.tb_loss, (1, 2, 4, 8)),
+                    pytest.param(ts.rloo_loss, (1, 4), marks=pytest.mark.slow),
+                    pytest.param(ts.grpo_loss, (1, 4), marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("loss_fn,counts", MICROBATCH_CASES, ids=["tb", "rloo", "grpo"])
@@ -451,6 +454,7 @@ def test_entropy_and_policy_drift_diagnostics(tiny_cfg):
   assert m_fresh["entropy"] == m_stale["entropy"] == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow  # ~20 s; dropout is off in every recipe
 def test_dropout_changes_the_update_only_when_enabled_and_reproducibly(tiny_cfg):
   """model.dropout = 0 (every recipe but red-teaming's GPT-2) compiles the update without
   a random number; 0.1 changes the loss, the same (seed, step) giving the same masks."""
