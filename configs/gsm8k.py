@@ -152,7 +152,7 @@ def _cpu(c):
   # K = 8 samples per prompt (TRL's 4 x 8), not 4 (issue 25; BENCHMARKS, "K = 8"): with 4
   # samples a group the VarGrad log Z estimate and each update are noisier and a window
   # trains twice on its 4 latest prompts; at K = 4 a 25-minute run fell from 0.82 to 0.42
-  # at step 50; at K = 8 three runs (two seeds) held 0.88-0.98 after first reaching 0.9, and
+  # at step 50; at K = 8 three runs (two seeds) held 0.88-1.00 after first reaching 0.9, and
   # per trained sample they learn faster. A step takes about 2x the time.
   c.buffer.update(num_prompts=4, samples_per_prompt=8, prefill=32)
   c.sync.update(every=2)
