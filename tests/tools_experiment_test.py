@@ -23,10 +23,10 @@ def _run(workdir, *overrides):
                         env=env, capture_output=True, text=True, timeout=900)
 
 
-# Alternate mode, and async with a streaming searcher (the static async run is the SIGKILL
-# test's, slow-marked).
+# Async with a streaming searcher; alternate mode slow-marked (~15 s; the loop's tests run
+# alternate mode, turns_test the multi-turn rows), as is the static async run (SIGKILL test).
 @pytest.mark.parametrize("overrides", [
-    pytest.param(("sync.mode=alternate",), marks=pytest.mark.slow),  # the loop's tests cover it
+    pytest.param(("sync.mode=alternate",), marks=pytest.mark.slow),
     ("sync.mode=async", "sampler.num_slots=4")])
 def test_tiny_tool_run_trains_to_the_end_calling_its_tool(tmp_path, overrides):
   from tba_jax.metrics import read_jsonl
