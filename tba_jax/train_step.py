@@ -398,7 +398,8 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     mask = batch.completion_mask
     logits = model.completion_logits(compute_config, params, batch.tokens, batch.attention_mask,
                                mask.shape[1], remat, drop)
-    token_lp = losses.token_logprobs(logits, batch.tokens[:, batch.prompt_len:], temperature)
+    token_lp, token_entropy = losses.token_logprobs_and_entropy(
+        logits, batch.tokens[:, batch.prompt_len:], temperature)
     if log_z is not None:
       extra = {**extra, "log_z": log_z[batch.prompt_ids]}
     loss, aux = loss_fn(token_lp, batch, beta, **extra)
@@ -407,7 +408,7 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     # the policy moved since the samples were drawn: staleness in nats). Means over rows of
     # per-row figures, so equal micro-batches average to the whole batch's value.
     counted = jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
-    entropy = losses.masked_sum(losses.token_entropy(logits, temperature), mask) / counted
+    entropy = losses.masked_sum(token_entropy, mask) / counted
     drift = losses.masked_sum(jax.lax.stop_gradient(token_lp) - batch.behaviour_logprobs, mask)
     return loss, {**aux, "entropy": jnp.mean(entropy), "policy_drift": jnp.mean(jnp.abs(drift))}
 

@@ -170,6 +170,38 @@ def test_token_and_sequence_logprobs_are_tempered_log_softmax():
                              (want * mask).sum(-1), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_fused_logprobs_and_entropy_match_float64_and_their_gradient_is_analytic(dtype):
+  """token_logprobs_and_entropy: the tempered log-softmax at the tokens and the entropy
+  of softmax(logits / T), as NumPy computes them in float64; its gradient (a custom VJP)
+  is g (onehot - softmax) / T from the log-probs' cotangent g alone (the entropy is a
+  diagnostic), in the logits' dtype."""
+  rng = np.random.default_rng(8)
+  logits = jnp.asarray(rng.normal(0, 3, (3, 6, 17)), dtype)
+  tokens = rng.integers(0, 17, (3, 6))
+  g = rng.normal(size=(3, 6))
+  t = 0.7
+  z = np.asarray(logits, np.float64) / t
+  log_softmax = z - z.max(-1, keepdims=True)
+  log_softmax -= np.log(np.exp(log_softmax).sum(-1, keepdims=True))
+  p = np.exp(log_softmax)
+  lp, entropy = losses.token_logprobs_and_entropy(logits, tokens, t)
+  np.testing.assert_allclose(lp, np.take_along_axis(log_softmax, tokens[..., None], -1)[..., 0],
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(entropy, -(p * log_softmax).sum(-1), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(lp, losses.token_logprobs(logits, tokens, t), rtol=1e-6, atol=1e-6)
+
+  def objective(x):  # the entropy enters too: its gradient must not
+    lp, entropy = losses.token_logprobs_and_entropy(x, tokens, t)
+    return jnp.sum(g * lp) + 5.0 * jnp.sum(entropy)
+
+  grad = jax.grad(objective)(logits)
+  assert grad.dtype == logits.dtype
+  want = g[..., None] * (np.eye(17)[tokens] - p) / t
+  tol = 1e-5 if dtype == np.float32 else 2e-2
+  np.testing.assert_allclose(np.asarray(grad, np.float64), want, rtol=tol, atol=tol)
+
+
 def np_rloo_advantages(sampler, ref, rewards, ids, beta):
   shaped = rewards - beta * (sampler.astype(np.float64) - ref)
   adv = np.zeros_like(shaped)
