@@ -54,7 +54,9 @@ def _batch(args, vocab_size):
   attention = np.ones((n, t), np.int32)
   attention[:, :rng.integers(0, args.prompt_len // 2)] = 0  # some left padding
   tokens[attention == 0] = 0
-  groups = np.repeat(np.arange(n // args.samples_per_prompt), args.samples_per_prompt)
+  r = args.samples_per_prompt  # a group's rows share their prompt, as the replay buffer's
+  tokens[:, :args.prompt_len] = np.repeat(tokens[::r, :args.prompt_len], r, axis=0)
+  groups = np.repeat(np.arange(n // r), r)
   return dict(
       tokens=tokens, attention_mask=attention, completion_mask=np.ones((n, tc), np.float32),
       ref_logprobs=np.full((n, tc), -2.0, np.float32),
@@ -98,7 +100,8 @@ def _run_jax(args, row):
   state = ts.init_state(model.init_params(cfg, 0, shardings.params), optimizer, shardings)
   update = ts.make_update(cfg, optimizer, ts.tb_loss,
                           functools.partial(losses.constant_beta, beta=0.01), mesh,
-                          temperature=0.7, compute_dtype=compute_dtype, remat=args.remat)
+                          temperature=0.7, compute_dtype=compute_dtype, remat=args.remat,
+                          prompt_group=args.samples_per_prompt if args.shared_prompts else 1)
   batch = ts.TrainBatch(**_batch(args, cfg.vocab_size))
   holder = [state]
 
@@ -177,6 +180,8 @@ def main():
   parser.add_argument("--rows", default="float32,bfloat16", help=f"of {','.join(ROWS)}")
   parser.add_argument("--engines", default="jax,torch")
   parser.add_argument("--remat", action="store_true", help="tba_jax activation checkpointing")
+  parser.add_argument("--shared_prompts", action="store_true",
+                      help="tba_jax runs each group's prompt once (prompt_group)")
   parser.add_argument("--peak_tflops", type=float, default=0.0,
                       help="device peak for MFU (e.g. 989 for H100/H200 bf16 dense)")
   parser.add_argument("--child", choices=["jax", "torch"], help=argparse.SUPPRESS)

@@ -135,6 +135,17 @@ def from_entries(entries: Sequence[Entry], layout: Layout, include_eos: bool,
       versions=np.array([e.version for e in entries], np.int32))
 
 
+def shares_prompts(tokens: np.ndarray, attention: np.ndarray, prompt_len: int, k: int) -> bool:
+  """Whether the rows come in runs of k with the same prompt columns (tokens and mask):
+  what lets a forward run each run's prompt once (model.completion_logits' prompt_group)."""
+  n = tokens.shape[0]
+  if k < 2 or n % k:
+    return False
+  runs = lambda x: x[:, :prompt_len].reshape(n // k, k, prompt_len)
+  return bool(np.all(runs(tokens) == runs(tokens)[:, :1]) and
+              np.all(runs(attention) == runs(attention)[:, :1]))
+
+
 def completion_width(longest: int, full: int, num_widths: int) -> int:
   """The completion columns a batch whose longest completion has `longest` tokens needs:
   the smallest of `num_widths` evenly spaced widths (full * i / num_widths, rounded up to a

@@ -186,6 +186,10 @@ def run(config, workdir: str, task: Task | None = None,
           include_eos=c.loss.include_eos, reward_tau=b.reward_tau,
           reward_weight=b.reward_weight, reuse_latest=b.reuse_latest)
       batch = batch_lib.trim_completions(batch, c.sampler.length_buckets)
+      if b.samples_per_prompt > 1 and not batch_lib.shares_prompts(
+          batch.tokens, batch.attention_mask, batch.prompt_len, b.samples_per_prompt):
+        raise AssertionError("a batch slot's rows do not share their prompt (the update "
+                             "runs each slot's prompt once)")
       # Staleness enters here: the trainer's version minus each sample's.
       staleness = int(state.step) - batch.versions
       state, m = update(state, _to_global(batch, batch_shardings))
@@ -287,7 +291,7 @@ def _trainer(c, model_cfg: ModelConfig, params, base, task: Task, trainer_mesh):
       temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
       num_microbatches=o.num_microbatches, remat=c.model.remat, lr_schedule=lr,
       ref_weight_schedule=build.ref_weight_schedule(c.loss), learned_log_z=log_z,
-      dropout=c.model.dropout, dropout_seed=c.seed)
+      dropout=c.model.dropout, dropout_seed=c.seed, prompt_group=c.buffer.samples_per_prompt)
   # LoRA: every update also reads the frozen base (never donated, never rebound).
   update = (lambda state, batch: train(state, batch, base)) if base else train
   return state, update, beta, lr

@@ -459,27 +459,59 @@ def unembed(cfg: ModelConfig, params: Params, hidden) -> jax.Array:
 
 def completion_logits(model_config: ModelConfig, params: Params, tokens: jax.Array,
                       attention_mask: jax.Array, completion_len: int, remat: bool = False,
-                      dropout: Dropout | None = None) -> jax.Array:
+                      dropout: Dropout | None = None, prompt_group: int = 1) -> jax.Array:
   """Logits [N, Tc, V] of the completion columns: logits[:, t] predicts completion token t.
 
   Only hidden[:, Tp-1:-1], the states that predict the completion tokens, are
   unembedded: prompt logits ([N, Tp, V], the largest activation) never exist.
   `dropout`: the model's (model.py), in the training forward only.
+
+  `prompt_group` = K > 1: the rows come in runs of K that share their prompt columns
+  (the K samples of a batch slot, batch.py). Each run's prompt then goes through the
+  model once, its keys and values are repeated to the K rows (their gradients summed
+  back), and only the completions run per row: (N / K) Tp + N (Tc - 1) tokens instead
+  of N (Tp + Tc), the same numbers up to rounding. Not with dropout (its masks are per
+  row), where every row runs whole.
   """
   prompt_len = tokens.shape[1] - completion_len
   positions = positions_from_mask(attention_mask)
+  if prompt_group > 1 and dropout is None and completion_len > 1:
+    return _shared_prompt_logits(model_config, params, tokens, positions, attention_mask,
+                                 prompt_len, prompt_group, remat)
   hidden, _ = forward(model_config, params, tokens, positions, attention_mask,
                             remat=remat, dropout=dropout)
   return unembed(model_config, params, hidden[:, prompt_len - 1:-1])
 
 
+def _shared_prompt_logits(cfg, params, tokens, positions, attention_mask, prompt_len: int,
+                          k: int, remat: bool):
+  """completion_logits with each run of k rows' prompt run once (its docstring)."""
+  n, t = tokens.shape
+  if n % k:
+    raise ValueError(f"{n} rows are not whole runs of prompt_group={k}")
+  first = slice(None, None, k)  # the first row of every run holds its prompt
+  cache = KVCache.init(cfg, n // k, t - 1)
+  prompt_hidden, cache = forward(cfg, params, tokens[first, :prompt_len],
+                                 positions[first, :prompt_len],
+                                 attention_mask[first, :prompt_len], cache, remat)
+  cache = dataclasses.replace(cache, k=jnp.repeat(cache.k, k, axis=1),
+                              v=jnp.repeat(cache.v, k, axis=1),
+                              mask=jnp.repeat(cache.mask, k, axis=0))
+  # Completion tokens 0 .. Tc-2 predict tokens 1 .. Tc-1; the prompt's last state, token 0.
+  span = slice(prompt_len, t - 1)
+  hidden, _ = forward(cfg, params, tokens[:, span], positions[:, span], attention_mask[:, span],
+                      cache, remat)
+  hidden = jnp.concatenate([jnp.repeat(prompt_hidden[:, -1:], k, axis=0), hidden], axis=1)
+  return unembed(cfg, params, hidden)
+
+
 def completion_token_logprobs(model_config: ModelConfig, params: Params, tokens: jax.Array,
                               attention_mask: jax.Array, completion_len: int,
                               temperature: float, remat: bool = False,
-                              dropout: Dropout | None = None) -> jax.Array:
+                              dropout: Dropout | None = None, prompt_group: int = 1) -> jax.Array:
   """Per-token log-probs [N, Tc] (float32, tempered) of the completion columns."""
   logits = completion_logits(model_config, params, tokens, attention_mask, completion_len,
-                             remat, dropout)
+                             remat, dropout, prompt_group)
   return losses.token_logprobs(logits, tokens[:, tokens.shape[1] - completion_len:], temperature)
 
 

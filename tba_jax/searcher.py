@@ -87,7 +87,7 @@ class PromptStream:
 # update uses, so reference and policy log-probs are computed identically).
 _completion_logprobs = jax.jit(model_lib.completion_token_logprobs,
                                static_argnames=("model_config", "completion_len", "temperature",
-                                                "remat"))
+                                                "remat", "prompt_group"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -440,9 +440,13 @@ class Searcher:
     tokens, mask = batch_lib.token_rows(prompts + [[]] * (b - n), completions + [[]] * (b - n),
                                         layout)
     place = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", sampler.mesh, 2))
+    # A group's samples share their prompt (score's rows): it runs once per group.
+    k = self.num_samples
     lp = _completion_logprobs(model_config, params, place(tokens), place(mask),
                               completion_len=layout.completion_len,
-                              temperature=sampler.options.temperature)
+                              temperature=sampler.options.temperature,
+                              prompt_group=k if batch_lib.shares_prompts(
+                                  tokens, mask, layout.prompt_len, k) else 1)
     return np.where(mask[:n, layout.prompt_len:] > 0, np.asarray(lp)[:n], 0.0)
 
   # --- Restarts and checkpoints (SearcherPool) -----------------------------------------------

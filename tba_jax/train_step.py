@@ -349,7 +349,7 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
                 lr_schedule: optax.ScalarOrSchedule | None = None,
                 ref_weight_schedule: BetaSchedule | None = None,
                 learned_log_z: LearnedLogZ | None = None, dropout: float = 0.0,
-                dropout_seed: int = 0
+                dropout_seed: int = 0, prompt_group: int = 1
                 ) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict[str, jax.Array]]]:
   """The jitted `update(state, batch) -> (state, metrics)` on the trainer `mesh`.
 
@@ -378,6 +378,9 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
   `dropout` > 0: the model's dropout (model.py) at that rate in the forward of
   every update, masks from (dropout_seed, the update's step, its micro-batch), so a
   resumed run draws the masks the uninterrupted one would. 0: no dropout op at all.
+  `prompt_group` = K > 1: every batch's rows come in runs of K sharing their prompt (the
+  replay buffer's slots; micro-batches keep them whole), whose prompt the forward runs
+  once (model.completion_logits).
   """
   compute_config = model_config.replace(dtype=compute_dtype)
   state_sh = state_shardings(model_config, optimizer, mesh, learned_log_z)
@@ -397,7 +400,7 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
                           lora.combine(frozen, params))
     mask = batch.completion_mask
     logits = model.completion_logits(compute_config, params, batch.tokens, batch.attention_mask,
-                               mask.shape[1], remat, drop)
+                                     mask.shape[1], remat, drop, prompt_group)
     token_lp, token_entropy = losses.token_logprobs_and_entropy(
         logits, batch.tokens[:, batch.prompt_len:], temperature)
     if log_z is not None:

@@ -36,3 +36,16 @@ def test_completion_width_takes_the_smallest_bucket_that_holds_the_longest():
   assert [batch.completion_width(n, 512, 4) for n in (100, 129, 300, 511)] == [128, 256, 384, 512]
   assert batch.completion_width(3, 4, 4) == 4  # never past the layout
   assert batch.completion_width(5, 32, 1) == 32  # one bucket: the full layout
+
+
+def test_shares_prompts_holds_only_for_whole_runs_of_one_prompt():
+  layout = batch.Layout(3, 2, 0)
+  tokens, attention = batch.token_rows([[5, 6], [5, 6], [7], [7]], [[1], [2, 3], [], [4]], layout)
+  assert batch.shares_prompts(tokens, attention, 3, 2)
+  assert not batch.shares_prompts(tokens, attention, 3, 4)  # two prompts in a run of 4
+  assert not batch.shares_prompts(tokens[:3], attention[:3], 3, 2)  # not whole runs
+  assert not batch.shares_prompts(tokens, attention, 3, 1)  # a run of 1 shares nothing
+  # The same tokens behind a different mask (a real token 0 against padding) differ.
+  padded = attention.copy()
+  padded[1, 0] = 1
+  assert not batch.shares_prompts(tokens, padded, 3, 2)

@@ -85,7 +85,8 @@ def _plain_synchronous_loop(c, task, tokenizer):
                                 train_step.state_shardings(cfg, optimizer, trainer_mesh))
   update = train_step.make_update(cfg, optimizer, config_builders.loss_fn(c.loss),
                                   config_builders.beta_schedule(c.loss), trainer_mesh,
-                                  temperature=c.sampler.temperature)
+                                  temperature=c.sampler.temperature,
+                                  prompt_group=c.buffer.samples_per_prompt)
   to_searcher = lambda p: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher",
                                                                           searcher_mesh))
   ref = to_searcher(state.params)
@@ -110,8 +111,10 @@ def _plain_synchronous_loop(c, task, tokenizer):
       tokens[r, tp - len(p):tp], attn[r, tp - len(p):tp] = p, 1
       tokens[r, tp:], attn[r, tp:tp + out.lengths[r]] = out.tokens[r], 1
     completion_mask = attn[:, tp:].astype(np.float32)
-    ref_lp = np.asarray(jax.jit(model.completion_token_logprobs, static_argnums=(0, 4, 5))(
-        cfg, ref, tokens, attn, tc, c.sampler.temperature)) * completion_mask
+    # Each group's prompt runs once, in the searchers' scoring as in the update: Adam turns
+    # even rounding-level gradients into steps of lr, so both sides compute alike.
+    ref_lp = np.asarray(jax.jit(model.completion_token_logprobs, static_argnums=(0, 4, 5, 6, 7, 8))(
+        cfg, ref, tokens, attn, tc, c.sampler.temperature, False, None, k)) * completion_mask
     rewards = np.array([digit_reward(tokenizer.decode(out.tokens[r, :out.lengths[r]]),
                                      golds[i]) for r, i in enumerate(rows)], np.float32)
     batch = train_step.TrainBatch(

@@ -58,6 +58,33 @@ def test_cached_decode_matches_full_forward(tiny_cfg):
   assert int(cache.index) == tokens.shape[1]
 
 
+@pytest.mark.parametrize("variant", ["llama", "sliding_qk_norm_bias"])
+def test_a_prompt_shared_by_k_rows_runs_once_with_the_same_logits_and_gradients(tiny_cfg, variant):
+  """completion_logits(prompt_group=K) on runs of K rows that share a left-padded prompt
+  (completions of different lengths, right-padded) equals the row-by-row forward in its
+  logits and in the gradient of every weight; a batch that is not whole runs is refused."""
+  cfg = tiny_cfg if variant == "llama" else tiny_cfg.replace(
+      sliding_window=3, sliding_layers=(0,), qk_norm=True, qkv_bias=True)
+  params = model.init_params(cfg, seed=3)
+  rng = np.random.default_rng(3)
+  groups, k, tp, tc = 3, 4, 6, 5
+  prompts, prompt_mask = left_padded_batch(rng, [6, 4, 5])
+  tokens = np.concatenate([np.repeat(prompts, k, 0), rng.integers(3, cfg.vocab_size,
+                                                                  (groups * k, tc))], 1)
+  mask = np.concatenate([np.repeat(prompt_mask, k, 0), np.ones((groups * k, tc), np.int32)], 1)
+  for row, length in [(1, 3), (5, 1), (10, 4)]:  # shorter completions, right-padded
+    mask[row, tp + length:], tokens[row, tp + length:] = 0, 0
+  weights = rng.normal(size=(groups * k, tc, cfg.vocab_size)).astype(np.float32)
+  logits = lambda p, group: model.completion_logits(cfg, p, tokens, mask, tc, prompt_group=group)
+  loss = lambda p, group: jnp.sum(weights * logits(p, group))
+  np.testing.assert_allclose(logits(params, k), logits(params, 1), atol=1e-5, rtol=0)
+  shared, plain = jax.grad(loss)(params, k), jax.grad(loss)(params, 1)
+  for a, b in zip(jax.tree.leaves(shared), jax.tree.leaves(plain)):
+    np.testing.assert_allclose(a, b, atol=1e-4 * float(np.abs(b).max()) + 1e-6, rtol=0)
+  with pytest.raises(ValueError, match="not whole runs"):
+    model.completion_logits(cfg, params, tokens[:-1], mask[:-1], tc, prompt_group=k)
+
+
 def test_fsdp_sharded_logits_equal_single_device(tiny_cfg):
   assert len(jax.devices()) == 8
   params = model.init_params(tiny_cfg, seed=2)
