@@ -471,11 +471,12 @@ def completion_logits(model_config: ModelConfig, params: Params, tokens: jax.Arr
   model once, its keys and values are repeated to the K rows (their gradients summed
   back), and only the completions run per row: (N / K) Tp + N (Tc - 1) tokens instead
   of N (Tp + Tc), the same numbers up to rounding. Not with dropout (its masks are per
-  row), where every row runs whole.
+  row) or remat (a rematerialised layer would save the whole cache it carries, per
+  layer), where every row runs whole.
   """
   prompt_len = tokens.shape[1] - completion_len
   positions = positions_from_mask(attention_mask)
-  if prompt_group > 1 and dropout is None and completion_len > 1:
+  if prompt_group > 1 and dropout is None and not remat and completion_len > 1:
     return _shared_prompt_logits(model_config, params, tokens, positions, attention_mask,
                                  prompt_len, prompt_group, remat)
   hidden, _ = forward(model_config, params, tokens, positions, attention_mask,
