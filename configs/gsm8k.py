@@ -11,9 +11,9 @@ variant has not been measured yet):
           trainer + 1 searcher on 2 CPU devices. No network needed.
             python -m experiments.gsm8k --config configs/gsm8k.py:cpu --workdir /tmp/tba_cpu
           Hardware: 2-core CPU (Intel Xeon, no accelerator). Measured 2026-12-03, seed 0,
-          compilation cache warm: 10 min 22 s wall-clock for 30 steps with 3
+          compilation cache warm: 8 min 52 s wall-clock for 30 steps with 3
           evaluations and the export; held-out sampled accuracy (32 problems x 2
-          samples, T = 0.7) 0.297 at the start, 0.906 at step 15, 0.969 at the end.
+          samples, T = 0.7) 0.297 at the start, 0.828 at step 15, 0.969 at the end.
           90 steps (32 x 8 samples): peak 0.980, end 0.961 (BENCHMARKS.md, issue 25).
 
   rho1b   The paper's Figure 1 run as the authors ran it (bbartoldson/TBA; the table
