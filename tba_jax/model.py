@@ -393,6 +393,12 @@ class KVCache:
         mask=self.mask.at[slot].set(jnp.arange(self.mask.shape[1]) < length),
         index=self.index.at[slot].set(length))
 
+  def take_rows(self, rows: jax.Array) -> KVCache:
+    """The cache of rows `rows` [B'] (indices into this cache's B rows)."""
+    index = self.index if jnp.ndim(self.index) == 0 else self.index[rows]
+    return dataclasses.replace(self, k=self.k[:, rows], v=self.v[:, rows], mask=self.mask[rows],
+                               index=index)
+
   def extend(self, num_slots: int) -> KVCache:
     """The same cache with `num_slots` more empty slots at the end."""
     pad = lambda x, axis: jnp.pad(x, [(0, num_slots if a == axis else 0) for a in range(x.ndim)])

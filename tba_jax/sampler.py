@@ -22,7 +22,7 @@ The sampling temperature is a traced argument (one compiled program serves every
 temperature: a searcher that explores with a temperature drawn per batch never
 recompiles); `SamplingOptions.temperature` is only its default.
 
-Axis legend: B batch, T prompt length (bucketed), S cache slots, V vocab,
+Axis legend: B batch, U distinct prompts, T prompt length (bucketed), S cache slots, V vocab,
 N max_new_tokens.
 """
 from __future__ import annotations
@@ -264,17 +264,22 @@ def _record(state: SamplingState, logits: jax.Array, options: SamplingOptions) -
 
 def prefill(logits_fn: LogitsFn, params, prompt_tokens: jax.Array, prompt_mask: jax.Array,
             cache, key: jax.Array, row_ids: jax.Array, row_valid: jax.Array,
-            options: SamplingOptions, temperature: jax.Array | float | None = None
-            ) -> SamplingState:
+            options: SamplingOptions, temperature: jax.Array | float | None = None,
+            source: jax.Array | None = None) -> SamplingState:
   """Run the left-padded prompts [B,T] through the model and sample the first token.
 
   `row_ids` [B] seed each row's random stream; rows with `row_valid` False
   (bucket padding) start done, so they never hold the loop open. `temperature`
-  (None: options.temperature) holds for the whole call.
+  (None: options.temperature) holds for the whole call. `source` [B] (None: row b
+  continues prompt b): row b continues prompt source[b] of the [U,T] prompts, so rows
+  that share a prompt run it once; the cache must then offer `take_rows`.
   """
-  b, n = prompt_tokens.shape[0], options.max_new_tokens
+  b, n = row_ids.shape[0], options.max_new_tokens
   positions = model_lib.positions_from_mask(prompt_mask)
   logits, cache = logits_fn(params, prompt_tokens, positions, prompt_mask, cache)
+  if source is not None:
+    logits, prompt_tokens, positions = logits[source], prompt_tokens[source], positions[source]
+    cache = cache.take_rows(source)
   state = SamplingState(
       step=jnp.zeros((), jnp.int32),
       tokens=jnp.full((b, n), options.pad_id, jnp.int32),
@@ -325,8 +330,8 @@ def model_logits_fn(model_config: ModelConfig) -> LogitsFn:
 
 @functools.partial(jax.jit, static_argnames=("model_config", "options", "mesh"))
 def _prefill_program(params, prompt_tokens, prompt_mask, key, row_ids, row_valid, temperature,
-                     *, model_config, options, mesh):
-  b, t = prompt_tokens.shape
+                     source, *, model_config, options, mesh):
+  u, t = prompt_tokens.shape
   kv_sharding = sharding.cache_sharding(model_config, mesh)
   mask_sharding = sharding.batch_sharding("searcher", mesh)
 
@@ -339,9 +344,9 @@ def _prefill_program(params, prompt_tokens, prompt_mask, key, row_ids, row_valid
   # The prompt is prefilled into a cache of exactly T slots, so its attention
   # spans T keys rather than all T + N - 1; the slots for sampled tokens are
   # appended afterwards (one copy of the cache, cheap next to the prefill).
-  cache = place(model_lib.KVCache.init(model_config, b, t))
+  cache = place(model_lib.KVCache.init(model_config, u, t))
   state = prefill(model_logits_fn(model_config), params, prompt_tokens, prompt_mask, cache, key,
-                  row_ids, row_valid, options, temperature)
+                  row_ids, row_valid, options, temperature, source)
   # Every sampled token but the last (never fed back) needs a slot.
   return dataclasses.replace(state, cache=place(state.cache.extend(options.max_new_tokens - 1)))
 
@@ -364,6 +369,9 @@ class Sampler:
   mesh)` (no copy when they already live there), the batch over "data", the
   KV cache per `sharding.cache_sharding`. `length_buckets`: the completion widths
   of the searcher's teacher-forced scoring passes (batch.completion_width).
+  `share_prompts`: rows with equal prompts prefill them once (a bucket of the distinct
+  prompts) and copy the keys and values to each row; the tokens are those of the rows
+  prefilled one by one (False: every row prefills, for comparison).
   """
 
   def __init__(self, model_config: ModelConfig, *, max_new_tokens: int, temperature: float = 1.0,
@@ -371,7 +379,8 @@ class Sampler:
                eos_ids: Sequence[int] | int | None = None, pad_id: int = 0, mesh=None,
                min_new_tokens: int = 0, end_with_eos: bool = False,
                prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
-               batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, length_buckets: int = 1):
+               batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, length_buckets: int = 1,
+               share_prompts: bool = True):
     if eos_ids is None:
       eos_ids = ()
     elif isinstance(eos_ids, (int, np.integer)):
@@ -386,6 +395,7 @@ class Sampler:
     self.prompt_buckets = tuple(sorted(prompt_buckets))
     self.batch_buckets = tuple(sorted({-(-b // data) * data for b in batch_buckets}))
     self.length_buckets = length_buckets
+    self.share_prompts = share_prompts
     self.param_shardings = sharding.param_shardings(model_config, "searcher", self.mesh)
 
   def __call__(self, params: Params, prompts: Sequence[Sequence[int]], rng_key,
@@ -404,8 +414,16 @@ class Sampler:
     n = len(prompts)
     b = batch_lib.bucket(n, self.batch_buckets, "batch size")
     t = batch_lib.bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt length")
+    # Rows with the same prompt (a searcher's samples of one question) prefill it once.
+    unique: dict[tuple, int] = {}
+    source = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+    source = (np.asarray(source + [0] * (b - n), np.int32)
+              if self.share_prompts and len(unique) < n else None)
+    if source is not None:
+      prompts = list(unique)
     # Host-side left padding into the bucket shape; padding rows are pad tokens, masked.
-    tokens, mask = batch_lib.left_pad(prompts, t, self.options.pad_id, num_rows=b)
+    u = b if source is None else batch_lib.bucket(len(prompts), self.batch_buckets, "batch size")
+    tokens, mask = batch_lib.left_pad(prompts, t, self.options.pad_id, num_rows=u)
     row_valid = np.arange(b) < n
     if not jax.dtypes.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key):
       rng_key = jax.random.wrap_key_data(rng_key)
@@ -416,6 +434,7 @@ class Sampler:
         params, rows(tokens), rows(mask), jax.device_put(rng_key, sharding.replicated(self.mesh)),
         rows(np.arange(b, dtype=np.int32)), rows(row_valid),
         jax.device_put(np.float32(temperature), sharding.replicated(self.mesh)),
+        None if source is None else rows(source),
         model_config=self.model_config, options=self.options, mesh=self.mesh)
     state = _decode_program(params, state, model_config=self.model_config, options=self.options)
     # The one host sync of a call: fetch the outputs, drop the padding rows.

@@ -297,6 +297,25 @@ def test_a_rows_tokens_do_not_depend_on_the_rest_of_the_batch(tiny_cfg):
   assert (other_seed.tokens != two.tokens).any()
 
 
+def test_rows_sharing_a_prompt_prefill_it_once_and_sample_as_if_each_had(tiny_cfg, monkeypatch):
+  prefilled = []
+  core = sampler.prefill
+  monkeypatch.setattr(sampler, "prefill", lambda logits_fn, params, tokens, *a, **k:
+                      prefilled.append(tokens.shape[0]) or core(logits_fn, params, tokens, *a, **k))
+  params = _peaked_params(tiny_cfg, seed=9)
+  p, q, r = _random_prompts(np.random.default_rng(5), [4, 7, 2])
+  prompts = [p, p, p, q, q, q, r]  # a searcher's layout: a prompt's samples adjacent
+  kw = dict(max_new_tokens=6, temperature=1.0, top_p=0.9, eos_ids=[3])
+  shared = sampler.Sampler(tiny_cfg, **kw)(params, prompts, jax.random.key(4))
+  whole = sampler.Sampler(tiny_cfg, share_prompts=False, **kw)(params, prompts, jax.random.key(4))
+  assert prefilled == [4, 8]  # 3 distinct prompts in a bucket of 4, then all 7 rows in one of 8
+  np.testing.assert_array_equal(shared.tokens, whole.tokens)
+  np.testing.assert_array_equal(shared.lengths, whole.lengths)
+  np.testing.assert_allclose(shared.logprobs, whole.logprobs, atol=1e-5)
+  np.testing.assert_allclose(shared.tempered_logprobs, whole.tempered_logprobs, atol=1e-5)
+  assert len(set(map(tuple, shared.tokens[:3]))) > 1  # a prompt's rows still sample apart
+
+
 def test_decode_compiles_once_per_bucket(tiny_cfg, monkeypatch):
   traces = {"prefill": 0, "decode": 0}
 
