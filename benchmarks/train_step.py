@@ -4,7 +4,9 @@
   python benchmarks/train_step.py --layers 4 --seq_len 64 --steps 2   # a quick look
   python benchmarks/train_step.py --peak_tflops 989   # also print MFU (H100/H200 bf16 dense)
   python benchmarks/train_step.py --batch 32 --seq_len 56 --prompt_len 24 --samples_per_prompt 8 \
-      --rows float32 --shared_prompts    # the cpu recipe's update, each group's prompt once
+      --rows float32 --shared_prompts --keep_freed_memory
+      # the cpu recipe's update as its runs take it: each group's prompt once, and malloc
+      # keeping freed memory (tba_jax/host_memory.py; applied to both engines)
 
 Both engines run the same step on the same batch shape: forward over prompt +
 completion, unembed the completion columns only, tempered token log-probs,
@@ -159,6 +161,9 @@ def _run_torch(args, row):
 
 
 def _child(args):
+  if args.keep_freed_memory:  # before either framework allocates
+    from tba_jax import host_memory
+    host_memory.keep_freed_memory()
   run = {"jax": _run_jax, "torch": _run_torch}[args.child]
   print("RESULT " + json.dumps(run(args, args.row)), flush=True)
 
@@ -186,6 +191,9 @@ def main():
   parser.add_argument("--remat", action="store_true", help="tba_jax activation checkpointing")
   parser.add_argument("--shared_prompts", action="store_true",
                       help="tba_jax runs each group's prompt once (prompt_group)")
+  parser.add_argument("--keep_freed_memory", action="store_true",
+                      help="both engines: malloc keeps freed memory (tba_jax.host_memory, what "
+                      "tba_jax's CPU runs do)")
   parser.add_argument("--peak_tflops", type=float, default=0.0,
                       help="device peak for MFU (e.g. 989 for H100/H200 bf16 dense)")
   parser.add_argument("--child", choices=["jax", "torch"], help=argparse.SUPPRESS)

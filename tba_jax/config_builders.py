@@ -21,7 +21,7 @@ import jax
 import optax
 
 from tba_jax import attention, faults, hf_checkpoints, lora, losses, sharding, train_step, verifiers
-from tba_jax import weight_sync
+from tba_jax import host_memory, weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.batch import Layout
 from tba_jax.errors import ConfigError, DataError
@@ -39,7 +39,9 @@ from tba_jax.tasks import math as math_task  # (not `math`: the stdlib module is
 
 
 def use_cpu_devices(num: int) -> None:
-  """Splits the host CPU into `num` JAX devices (0: JAX's default); no-op on accelerators.
+  """Splits the host CPU into `num` JAX devices (0: JAX's default) and keeps the memory
+  malloc frees for reuse (host_memory.keep_freed_memory: a CPU run's steps no longer fault
+  their temporaries in afresh); no-op on accelerators.
 
   JAX reads the setting when it starts its backends. Once they run, a CPU host
   that has fewer devices than asked stops here: fewer devices would silently
@@ -47,6 +49,7 @@ def use_cpu_devices(num: int) -> None:
   """
   if not num:
     return
+  host_memory.keep_freed_memory()
   try:
     jax.config.update("jax_num_cpu_devices", num)
   except RuntimeError:  # JAX's backends have started
