@@ -198,6 +198,10 @@ def base() -> ml_collections.ConfigDict:
       # "async" (searchers in threads) or "alternate" (search, then k steps; what one device does;
       # synchronous with k=1, m=1)
       mode=key("async", ("async", "alternate")),
+      # async: a searcher samples its share of a window's prompts (k x B x m), then waits for
+      # the next merge; for searchers that share the trainer's cores (one CPU), where
+      # samples the trainer never takes cost it compute
+      paced=False,
       # "" = model.dtype; cast published weights (e.g. "bfloat16")
       weights_dtype=key("", ("", "float32", "bfloat16")),
       in_flight_updates=True,  # streaming searchers (sampler.num_slots > 0) take new weights

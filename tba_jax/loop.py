@@ -124,7 +124,7 @@ def run(config, workdir: str, task: Task | None = None,
       max_prompt_len=c.task.max_prompt_len, seed=c.seed, max_restarts=c.searcher.max_restarts,
       fault_plan=fault_plan, in_flight_updates=c.sync.in_flight_updates,
       mismatch_every=c.searcher.mismatch_every,
-      schedule=Schedule.of(mode, c.sync.every, b.num_prompts, b.m))
+      schedule=Schedule.of(mode, c.sync.every, b.num_prompts, b.m, c.sync.paced))
   evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg, eval_mesh,
                               c.task.max_prompt_len, progress=is_main)
 

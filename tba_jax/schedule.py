@@ -9,7 +9,8 @@ the searchers run relative to the trainer, decided once when the pool is built
 (searcher_pool.SearcherPool's prefill / before_step / sync read it; the loop
 never asks which mode it is in):
   async      one thread per searcher samples while the trainer trains; every k
-             steps the weights are published and the new entries merged;
+             steps the weights are published and the new entries merged (`paced`: a
+             searcher samples a window's prompts, then waits for that merge);
   alternate  the searchers run a round in the trainer's thread, then the trainer
              takes k steps: a round at the pre-fill and at the first step of every
              window of k steps (what one device does; with k=1, m=1 and no reuse,
@@ -36,14 +37,19 @@ class Schedule:
   sync_every: int = 1       # k: trainer steps between weight syncs (sync.every)
   prefill_prompts: int = 1  # alternate: prompts of one pre-fill round (buffer.num_prompts)
   window_prompts: int = 1   # alternate: prompts of the round before each window of k steps
+  # async: a searcher that holds its share of window_prompts not yet merged waits for the
+  # next merge (sync.paced: where searchers and trainer share cores, samples the trainer
+  # never takes cost it compute)
+  paced: bool = False
 
   def __post_init__(self):
     if self.mode not in MODES or self.sync_every < 1:
       raise ValueError(f"mode={self.mode!r} (one of {MODES}), sync_every={self.sync_every} >= 1")
 
   @classmethod
-  def of(cls, mode: str, sync_every: int, num_prompts: int, m: float) -> Schedule:
+  def of(cls, mode: str, sync_every: int, num_prompts: int, m: float,
+         paced: bool = False) -> Schedule:
     """A window's round searches what k steps want from the latest sync: k x B x m prompts,
     at least B (the pre-fill's rounds search B)."""
     return cls(mode, sync_every, num_prompts,
-               max(num_prompts, math.ceil(sync_every * num_prompts * m)))
+               max(num_prompts, math.ceil(sync_every * num_prompts * m)), paced)

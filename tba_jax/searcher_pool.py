@@ -71,7 +71,8 @@ class PoolSearcher(Protocol):
   (read at the start of every search); `set_reference` swaps the reference policy.
   """
   id: int
-  num_prompts: int
+  num_prompts: int                  # prompts a search takes
+  num_samples: int                  # entries per prompt
   mailbox: Mailbox
   buffer: Staging
   stats: SearchStats
@@ -200,9 +201,15 @@ class SearcherPool:
         done += self._step(i)
 
   def _run(self, i: int) -> None:
-    """Thread body: batches until stopped or given up."""
+    """Thread body: batches until stopped or given up (paced: while it holds its share of a
+    window's prompts unmerged, it waits for the merge)."""
+    sr = self.searchers[i]
+    share = math.ceil(self.schedule.window_prompts / (len(self.searchers) * jax.process_count()))
     try:
       while not self._stop.is_set() and self._errors[i] is None:
+        if self.schedule.paced and len(sr.buffer.peek_new()) >= share * sr.num_samples:
+          self._stop.wait(0.02)
+          continue
         self._step(i)
     except BaseException:  # not an Exception (e.g. SystemExit in the thread): no restart
       self._errors[i] = traceback.format_exc()

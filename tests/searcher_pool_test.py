@@ -19,6 +19,8 @@ class FakeSearcher:
   entry per prompt stamped with the mailbox version; `fail(prompts, batch)` decides whether
   a batch raises (after its prompts were taken, as a sampler or reward stage would)."""
 
+  num_samples = 1
+
   def __init__(self, searcher_id, fail=lambda prompts, batch: False, num_prompts=2):
     self.id, self.num_prompts, self.fail = searcher_id, num_prompts, fail
     self.stream = PromptStream(range(10 * searcher_id, 10 * searcher_id + 10), seed=searcher_id)
@@ -204,6 +206,23 @@ def test_a_round_never_samples_fewer_prompts_than_asked(num_prompts):
   pool, _ = _pool(FakeSearcher(0), FakeSearcher(1), FakeSearcher(2))
   pool.search_round(num_prompts)
   assert sum(s.calls * s.num_prompts for s in pool.searchers) >= num_prompts
+
+
+def test_a_paced_searcher_samples_a_windows_prompts_then_waits_for_the_merge():
+  # k x B x m = 2 x 3 x 1 = 6 prompts a window over 2 searchers: 3 each, 2 prompts a batch.
+  pool, _ = _pool(FakeSearcher(0), FakeSearcher(1), schedule=Schedule.of("async", 2, 3, 1.0,
+                                                                         paced=True))
+  pool.start()
+  assert _wait(lambda: all(s.calls == 2 for s in pool.searchers))
+  time.sleep(0.3)  # unpaced, a fake searcher runs a batch every millisecond
+  assert [s.calls for s in pool.searchers] == [2, 2]
+  buffer = ReplayBuffer(max_per_prompt=10**9, dedup=False)
+  assert not pool.sync(2, "params", buffer) and len(buffer) == 8  # merged: each may go on
+  assert _wait(lambda: all(s.calls == 4 for s in pool.searchers))
+  time.sleep(0.3)
+  assert [s.calls for s in pool.searchers] == [4, 4]
+  assert {e.version for s in pool.searchers for e in s.buffer.peek_new()} == {2}
+  pool.stop()
 
 
 def test_the_schedule_decides_when_rounds_run_and_when_a_sync_merges():
