@@ -22,6 +22,7 @@ ACC, SE = "eval/sampled_pass@1", "eval/sampled_pass@1_se"
 # name -> overrides of the cpu recipe (the recipe itself is `base`).
 ARMS = {
     "base": [],                                        # lr 1e-5, K = 8 since issue 25
+    "paced": ["sync.paced=true"],                      # searchers sample only a window's prompts
     "lr_2e-5": ["optim.learning_rate=2e-5"],           # the recipe's lr before issue 25
     "k4": ["buffer.samples_per_prompt=4"],             # the recipe's K before issue 25
     "alternate": ["sync.mode=alternate"],              # no staleness beyond the window

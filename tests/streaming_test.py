@@ -61,7 +61,8 @@ def _groups(entries, s):
 
 # kv_pages 5: 3 scratch pages and 2 of 16 slots (a row's whole cache): at most 2 rows of
 # the 3 slots in flight, the others wait for pages (paged_kv.py).
-@pytest.mark.parametrize("kv_pages", [0, 5], ids=["full_rows", "paged"])
+@pytest.mark.parametrize("kv_pages", [0, pytest.param(5, marks=pytest.mark.slow)],  # paged: ~8 s,
+                         ids=["full_rows", "paged"])  # paged_kv_test compares it with static
 def test_entries_equal_the_static_searchers_when_weights_do_not_change(tiny_cfg, kv_pages):
   # The stream is one endless batch 0: group g samples rows g*S.. with the batch-0 key, so
   # the first P groups are the static searcher's first batch, row for row (module doc).
@@ -202,7 +203,8 @@ def test_a_streaming_searcher_needs_slots(tiny_cfg):
     StreamingRows(Sampler(tiny_cfg, max_new_tokens=2), num_slots=0)
 
 
-@pytest.mark.parametrize("num_devices,in_flight", [(2, True), (1, False)])  # async; alternate
+@pytest.mark.parametrize("num_devices,in_flight", [  # async; alternate (slow: ~10 s)
+    (2, True), pytest.param(1, False, marks=pytest.mark.slow)])
 def test_a_streaming_run_trains_to_the_end_through_a_restart_and_checkpoints(
     tmp_path, capsys, num_devices, in_flight):
   from loop_test import tiny_config, toy_task
