@@ -157,7 +157,8 @@ def _cpu(c):
   c.buffer.update(num_prompts=4, samples_per_prompt=8, prefill=32)
   # Unpaced (sync.paced=False): paced, the searcher sampled only what the trainer took and
   # steps took 8.7 s instead of 12.2 (0.9 at 165 s, not 220), but the 90-step run ended at
-  # 0.820, 0.125 below its peak (issue 25; BENCHMARKS, "Host memory and paced searchers").
+  # 0.820, 0.125 below its peak (issue 25; BENCHMARKS, "Host memory, shared prefills and
+  # paced searchers").
   c.sync.update(every=2)
   # The sampler-vs-trainer check every 4th searcher batch, not every one: it is a third
   # forward pass per batch (8.1 s a batch instead of 11.1 here), and in every run of
@@ -226,9 +227,6 @@ def _tiny(c):
   c.loss.update(beta_start=0.1, beta_end=0.1, beta_anneal_steps=1, beta_switch_step=1)
   c.optim.update(learning_rate=1e-3, schedule="constant", warmup_steps=0)
   c.buffer.update(num_prompts=2, samples_per_prompt=4, prefill=8)
-  # Unpaced (sync.paced=False): paced, the searcher sampled only what the trainer took and
-  # steps took 8.7 s instead of 12.2 (0.9 at 165 s, not 220), but the 90-step run ended at
-  # 0.820, 0.125 below its peak (issue 25; BENCHMARKS, "Host memory and paced searchers").
   c.sync.update(every=2)
   c.eval.update(every=3, num_problems=4, greedy=True, num_samples=2, max_new_tokens=4,
                 batch_size=8)

@@ -1,7 +1,7 @@
 """When the periodic things of a run happen: one predicate, and the searchers' schedule.
 
   due(done, every, total)   # after `done` steps: every `every` steps (0: never), and at `total`
-  Schedule(mode, sync_every, prefill_prompts, window_prompts)   # fixed for the run
+  Schedule(mode, sync_every, prefill_prompts, window_prompts, paced)   # fixed for the run
 
 Every periodic action of the trainer's loop (log, sync, reference reset,
 evaluation, checkpoint) asks `due`, as big_vision's `u.itstime`. `Schedule` is how
