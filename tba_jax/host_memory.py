@@ -3,7 +3,7 @@
 XLA:CPU allocates each call's temporaries with malloc and frees them when the call ends.
 Its worker threads allocate from glibc's per-thread arenas, which hand a freed heap top
 back to the kernel, so the next call faults those pages in again: the `cpu` recipe's
-update (4 x 8 rows) took 1.06 million page faults (4 GB) and 3.6 s of kernel time a step
+update (4 x 8 rows) took 1.06 million page faults (4 GB) and 3.7 s of kernel time a step
 on a 2-core VM, 8 s a step in all. Turning off trimming and mapped blocks alone left the
 faults; every thread in the main arena as well removed them (BENCHMARKS.md, "Host memory, shared
 prefills and paced searchers").

@@ -416,13 +416,12 @@ class Sampler:
     t = batch_lib.bucket(max(len(p) for p in prompts), self.prompt_buckets, "prompt length")
     # Rows with the same prompt (a searcher's samples of one question) prefill it once.
     unique: dict[tuple, int] = {}
-    source = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
-    source = (np.asarray(source + [0] * (b - n), np.int32)
-              if self.share_prompts and len(unique) < n else None)
-    if source is not None:
-      prompts = list(unique)
+    of_row = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+    source, u = None, b
+    if self.share_prompts and len(unique) < n:
+      source = np.asarray(of_row + [0] * (b - n), np.int32)
+      prompts, u = list(unique), batch_lib.bucket(len(unique), self.batch_buckets, "batch size")
     # Host-side left padding into the bucket shape; padding rows are pad tokens, masked.
-    u = b if source is None else batch_lib.bucket(len(prompts), self.batch_buckets, "batch size")
     tokens, mask = batch_lib.left_pad(prompts, t, self.options.pad_id, num_rows=u)
     row_valid = np.arange(b) < n
     if not jax.dtypes.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key):
