@@ -75,10 +75,11 @@ def test_a_prompt_shared_by_k_rows_runs_once_with_the_same_logits_and_gradients(
   for row, length in [(1, 3), (5, 1), (10, 4)]:  # shorter completions, right-padded
     mask[row, tp + length:], tokens[row, tp + length:] = 0, 0
   weights = rng.normal(size=(groups * k, tc, cfg.vocab_size)).astype(np.float32)
-  logits = lambda p, group: model.completion_logits(cfg, p, tokens, mask, tc, prompt_group=group)
-  loss = lambda p, group: jnp.sum(weights * logits(p, group))
+  logits = jax.jit(lambda p, group: model.completion_logits(cfg, p, tokens, mask, tc,
+                                                            prompt_group=group), static_argnums=1)
+  grad = jax.jit(jax.grad(lambda p, group: jnp.sum(weights * logits(p, group))), static_argnums=1)
   np.testing.assert_allclose(logits(params, k), logits(params, 1), atol=1e-5, rtol=0)
-  shared, plain = jax.grad(loss)(params, k), jax.grad(loss)(params, 1)
+  shared, plain = grad(params, k), grad(params, 1)
   for a, b in zip(jax.tree.leaves(shared), jax.tree.leaves(plain)):
     np.testing.assert_allclose(a, b, atol=1e-4 * float(np.abs(b).max()) + 1e-6, rtol=0)
   with pytest.raises(ValueError, match="not whole runs"):
