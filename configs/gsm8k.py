@@ -153,7 +153,8 @@ def _cpu(c):
   # samples a group the VarGrad log Z estimate and each update are noisier and a window
   # trains twice on its 4 latest prompts; at K = 4 a 25-minute run fell from 0.82 to 0.42
   # at step 50; at K = 8 three runs (two seeds) held 0.88-1.00 after first reaching 0.9, and
-  # per trained sample they learn faster. A step takes about 2x the time.
+  # per trained sample they learn faster. A step takes about 2x the time. Not a cure: a
+  # 25-minute run on a 2-core EPYC fell from 0.95 to 0.74 at step 59, back to 0.92 by 75.
   c.buffer.update(num_prompts=4, samples_per_prompt=8, prefill=32)
   # Unpaced (sync.paced=False): paced, the searcher sampled only what the trainer took and
   # steps took 8.7 s instead of 12.2 (0.9 at 165 s, not 220), but the 90-step run ended at
