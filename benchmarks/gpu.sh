@@ -17,27 +17,34 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/tba_gpu}"
+run="${RUN_DIR:-/tmp/tba_gpu_run}"  # checkpoints and all, outside $out
 mkdir -p "$out"
+rm -rf "$run"
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/tba_site .whl/*.whl
   export PYTHONPATH="/tmp/tba_site:${PYTHONPATH:-}"
 fi
 export PYTHONUNBUFFERED=1
+# Each part has its own time limit (a lent machine's minutes are few), so one that hangs or
+# breaks leaves the others' figures; PREDICTED=file.json reuses a prediction computed
+# beforehand on any CPU (the roofline part compiles on the host, a minute).
+part() { local limit=$1; shift; timeout "$limit" "$@" || echo "== (that part ended with status $?)"; }
 {
-  echo "== $(date -u) $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true)"
+  echo "== $(date -u) $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true)"
+  python3 -c "import jax, flax, optax, orbax.checkpoint as o; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'orbax', o.__version__, jax.devices())"
   echo "== attention backends on this device (tests/attention_test.py)"
-  python3 -m pytest -q -p no:cacheprovider tests/attention_test.py 2>&1 | tail -n 3 || true
-  python3 benchmarks/accelerator.py --hbm_gbps "${HBM_GBPS:-4800}" --peak_tflops "${PEAK_TFLOPS:-989}" \
-    --attention_impl auto | tee "$out/accelerator.txt" || \
-  python3 benchmarks/accelerator.py --hbm_gbps "${HBM_GBPS:-4800}" --peak_tflops "${PEAK_TFLOPS:-989}" \
-    --attention_impl xla | tee "$out/accelerator.txt"
+  JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}" part 120 python3 -m pytest -q -p no:cacheprovider tests/attention_test.py 2>&1 | tail -n 5
+  acc=(python3 benchmarks/accelerator.py --hbm_gbps "${HBM_GBPS:-4800}" --peak_tflops "${PEAK_TFLOPS:-989}")
+  part 300 "${acc[@]}" --attention_impl auto | tee "$out/accelerator.txt"
+  grep -q RESULTS "$out/accelerator.txt" || part 200 "${acc[@]}" --attention_impl xla | tee "$out/accelerator.txt"
   echo "== measured beside predicted (${CHIP:-H200})"
-  JAX_PLATFORMS=cpu python3 -m benchmarks.roofline --shapes rho-1b --recipes accelerator \
-    --json "$out/predicted.json" > "$out/roofline.txt"
-  python3 -m benchmarks.measured_vs_predicted "$out/accelerator.txt" "$out/predicted.json" \
-    --chip "${CHIP:-H200}"
+  predicted="${PREDICTED:-$out/predicted.json}"
+  [[ -f "$predicted" ]] || JAX_PLATFORMS=cpu python3 -m benchmarks.roofline --shapes rho-1b \
+    --recipes accelerator --json "$predicted" > "$out/roofline.txt"
+  python3 -m benchmarks.measured_vs_predicted "$out/accelerator.txt" "$predicted" \
+    --chip "${CHIP:-H200}" || true
   echo "== short async run (random RhoMath-1B shape, arithmetic task, 20 steps)"
-  python3 -m experiments.gsm8k --config configs/gsm8k.py:rho1b --workdir "$out/run" \
+  part 200 python3 -m experiments.gsm8k --config configs/gsm8k.py:rho1b --workdir "$run" \
     --compilation_cache= --config.model.path=random --config.model.tokenizer=bytes \
     --config.model.random.vocab_size=32000 --config.model.random.dim=2048 \
     --config.model.random.mlp_dim=5632 --config.model.random.num_layers=22 \
@@ -47,7 +54,8 @@ export PYTHONUNBUFFERED=1
     --config.sampler.max_new_tokens=256 --config.num_train_steps=20 --config.eval.every=0 \
     --config.eval.num_problems=64 --config.eval.max_new_tokens=256 --config.export=False \
     --config.buffer.prefill=140 2>&1 | tail -n 5
-  python3 - "$out/run/metrics.jsonl" <<'PY'
+  cp "$run/metrics.jsonl" "$out/async_run_metrics.jsonl" || true
+  [[ -f "$run/metrics.jsonl" ]] && python3 - "$run/metrics.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 train = [r for r in rows if "loss" in r]

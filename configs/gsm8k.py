@@ -59,7 +59,7 @@ variant has not been measured yet):
   searcher batch            3 prompts (72 rows)         ceil(72 / 24) = 3        yml L16, trainer L313-316
   searchers / trainers      3 / 1                       3 / 1                    launch L9-10
   batch B x K               7 x 20                      7 micro-batches x 20     yml L11, L13
-  micro-batches             1 (the same mean gradient)  7 (bf16 accumulation)    yml L13, trainer L684
+  micro-batches             7 (float32 accumulation)    7 (bf16 accumulation)    yml L13, trainer L684
   steps                     700                         98000 / 140              launch L4
   lr, schedule              1e-5, WSD 50 / 350 / 600    same (warmup ceil(.0714  yml L10, launch L3-6,
                                                         x 700)), cosine decay    trainer L78-81, L229-233
@@ -96,7 +96,8 @@ variant has not been measured yet):
   - Fewer than K unique entries: they draw all K with replacement; we take every
     unique entry once and only the shortfall with replacement.
   - Micro-batches: their 7 one-prompt micro-batches accumulate bfloat16
-    gradients; we take the mean gradient of the batch in one pass. Either way
+    gradients, ours float32 (the whole batch in one pass, 140 rows even of 288
+    tokens, asked an H200 for 158 GiB: BENCHMARKS, "On one H200"). Either way
     log Z is estimated per slot: a prompt drawn into two slots is two groups of
     K (theirs: two micro-batches), and optim.num_microbatches must divide
     buffer.num_prompts (a micro-batch holds whole slots), so the update does
@@ -177,7 +178,8 @@ def _rho1b(c):
   c.mesh.update(num_trainer_devices=1, num_searchers=3)
   c.sampler.update(num_prompts_per_batch=3)
   c.loss.update(include_eos=False)
-  c.optim.update(grad_clip_norm=0.0, master_weights_fp32=False, moments_dtype="bfloat16")
+  c.optim.update(grad_clip_norm=0.0, master_weights_fp32=False, moments_dtype="bfloat16",
+                 num_microbatches=7)
   c.buffer.update(reuse_latest=True)
   c.eval.update(every=0, batch_size=128)
   c.checkpoint.update(every=100)

@@ -5,9 +5,9 @@
           CPU; the only one that drops attention probabilities (model.dropout) and
           runs sliding-window layers in the training forward.
   cudnn   jax.nn.dot_product_attention(implementation="cudnn"): cuDNN's fused
-          attention for the training forward and fresh prefills (GPU only); the
-          decode step stays on `grouped` (one query per row is a memory-bound
-          read of the cache, which cuDNN's kernel does not target).
+          attention for the training forward and fresh prefills (GPU, bfloat16 or
+          float16 only); the decode step stays on `grouped` (one query per row is a
+          memory-bound read of the cache, which cuDNN's kernel does not target).
   pallas  the kernels JAX ships in jax.experimental.pallas.ops: on GPU the
           Triton flash attention (`gpu.attention.mha`, segment ids + causal) for
           the training forward and fresh prefills, and the split-K decode kernel
@@ -16,7 +16,8 @@
           the training forward and prefills, `grouped` for unpaged decode (the
           TPU ships decode kernels only over pages: paged_kv.py). On CPU the GPU
           kernels run in Pallas interpret mode: slow, exact, used by the tests.
-  auto    xla on CPU, cudnn on GPU, pallas on TPU (resolve()).
+  auto    xla on CPU, cudnn on GPU (xla for a float32 model), pallas on TPU
+          (resolve()).
 
 How our masks map onto the kernels' (so the kernels need no mask array):
   * training / fresh prefill: the mask is causal-by-slot AND the key slot holds a
@@ -46,23 +47,29 @@ _BACKENDS = {"cudnn": ("gpu",), "pallas": ("gpu", "tpu", "cpu")}
 _AUTO = {"cpu": "xla", "gpu": "cudnn", "tpu": "pallas"}
 
 
-def resolve(impl: str, backend: str | None = None) -> str:
-  """The backend `impl` runs as on `backend` (default: JAX's): raises ValueError
-  when it cannot run there."""
+def resolve(impl: str, backend: str | None = None, dtype=jnp.bfloat16) -> str:
+  """The backend `impl` runs as on `backend` (default: JAX's) for queries of `dtype`:
+  raises ValueError when it cannot run there. cuDNN takes no float32, so `auto` on a GPU
+  is xla for a float32 model."""
   backend = backend or jax.default_backend()
   if impl not in IMPLS:
     raise ValueError(f"attention_impl={impl!r}: must be one of {', '.join(IMPLS)}")
+  half = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
   if impl == "auto":
-    return _AUTO.get(backend, "xla")
+    impl = _AUTO.get(backend, "xla")
+    return "xla" if impl == "cudnn" and not half else impl
   if impl in _BACKENDS and backend not in _BACKENDS[impl]:
     raise ValueError(f"attention_impl={impl!r} needs a {' or '.join(_BACKENDS[impl])} device; "
                      f"this process's backend is {backend!r} (use 'xla' or 'auto')")
+  if impl == "cudnn" and not half:
+    raise ValueError(f"attention_impl='cudnn' takes bfloat16 or float16, not "
+                     f"{jnp.dtype(dtype).name} (use 'xla', 'pallas' or 'auto')")
   return impl
 
 
 def check(cfg) -> None:
   """Raises ValueError when cfg's attention_impl cannot run cfg on this backend."""
-  impl = resolve(cfg.attention_impl)
+  impl = resolve(cfg.attention_impl, dtype=cfg.jnp_dtype)
   if impl != "xla" and cfg.sliding_layers:
     raise ValueError(f"attention_impl={cfg.attention_impl!r}: the fused kernels have no per-layer "
                      f"sliding window ({cfg.model_type} slides layers {cfg.sliding_layers}); use "
@@ -90,10 +97,14 @@ def causal_attention(q, k, v, valid, scale, impl: str):
   s, kh = k.shape[1], k.shape[2]
   scale = h ** -0.5 if scale is None else scale
   if impl == "cudnn":
-    mask = (jnp.arange(s) <= jnp.arange(t)[:, None]) & valid[:, None, :]
-    mask = mask | (jnp.arange(s) == jnp.arange(t)[:, None])
+    # cuDNN takes a mask (as a bias) only over even lengths: a prefill into a cache of
+    # prompt + max_new_tokens - 1 slots is often odd. Pad both with masked-out slots.
+    te, se = t + t % 2, s + s % 2
+    q, k, v, valid = _pad_to(q, 1, te), _pad_to(k, 1, se), _pad_to(v, 1, se), _pad_to(valid, 1, se)
+    mask = (jnp.arange(se) <= jnp.arange(te)[:, None]) & valid[:, None, :]
+    mask = mask | (jnp.arange(se) == jnp.arange(te)[:, None])
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale,
-                                        implementation="cudnn")
+                                        implementation="cudnn")[:, :t]
   k, v = _repeat_kv(k, n // kh), _repeat_kv(v, n // kh)
   seg = valid.astype(jnp.int32)
   if jax.default_backend() == "tpu":
@@ -106,22 +117,25 @@ def causal_attention(q, k, v, valid, scale, impl: str):
   # The kernel tiles T and S by 128 forward and 32 backward (or takes them whole
   # when shorter), and reads the queries' segment ids from the keys' array: one
   # padded length for both.
-  size = max(s, t)
-  size = size if size <= 32 else -(-size // (32 if size <= 128 else 128)) * (32 if size <= 128 else 128)
+  size = kernel_length(max(s, t), 128)
   out = gpu_attention.mha(_pad_to(q, 1, size), _pad_to(k, 1, size), _pad_to(v, 1, size),
                           _pad_to(seg, 1, size), sm_scale=scale, causal=True,
                           interpret=_interpret())
   return out[:, :t]
 
 
+def kernel_length(n: int, tile: int) -> int:
+  """`n` padded for a Pallas GPU kernel that tiles it by `tile` (a power of two) or
+  takes it whole when shorter: Triton's blocks are powers of two, at least 16."""
+  return max(16, 1 << (n - 1).bit_length()) if n <= tile else -(-n // tile) * tile
+
+
 def _decode_split(s: int) -> tuple[int, int]:
-  """(k_splits, padded S) for gpu.decode_attention.gqa: each of the k_splits chunks
-  holds >= 16 slots, and a chunk over 128 slots a multiple of 128 (its tiles)."""
+  """(k_splits, padded S) for gpu.decode_attention.gqa: at most 16 chunks, each of
+  kernel_length (it reads a chunk in blocks of up to 256 slots)."""
   if s <= 256:
     return -(-s // 16), -(-s // 16) * 16
-  chunk = -(-s // 16)
-  chunk = -(-chunk // 16) * 16 if chunk <= 128 else -(-chunk // 128) * 128
-  return 16, 16 * chunk
+  return 16, 16 * kernel_length(-(-s // 16), 256)
 
 
 def decode_attention(q, k, v, mask, scale):
