@@ -145,6 +145,7 @@ def test_rows_fed_while_the_stream_runs_equal_static(tiny_cfg):
                                atol=2e-5)
 
 
+@pytest.mark.slow  # ~20 s on 2 cores (2026-12-04); the default suite keeps ~15 min
 def test_one_compile_per_slot_count_prompt_bucket_and_window(tiny_cfg, monkeypatch):
   """Each program traces once per shape key: decode per window (the slot count
   and cache size fixed here), prefill per (prefill batch bucket, prompt bucket),

@@ -126,6 +126,7 @@ def _plain_synchronous_loop(c, task, tokenizer):
   return jax.device_get(state.params)
 
 
+@pytest.mark.slow  # ~33 s on 2 cores (2026-12-04); the default suite keeps ~15 min
 def test_synchronous_mode_equals_a_plain_synchronous_loop(tmp_path):
   c = _sync_config()
   task = toy_task(c)
@@ -221,6 +222,7 @@ def _saved_buffer(workdir, step):
   return buffer
 
 
+@pytest.mark.slow  # ~22 s on 2 cores (2026-12-04); the default suite keeps ~15 min
 def test_resuming_under_a_different_config_is_refused(tmp_path):
   c = tiny_config(num_train_steps=2, mesh=dict(num_devices=1), buffer=dict(prefill=8))
   loop.run(c, str(tmp_path), task=toy_task(c))
@@ -269,6 +271,7 @@ def test_a_resumed_alternate_run_repeats_the_uninterrupted_one(tmp_path, log_z):
   assert times == sorted(times) and times[5] > times[4] > 0
 
 
+@pytest.mark.slow  # ~18 s on 2 cores (2026-12-04); the default suite keeps ~15 min
 def test_rerunning_a_finished_run_does_nothing_and_a_raised_step_count_trains_on(tmp_path, capsys):
   c = tiny_config(num_train_steps=2, mesh=dict(num_devices=1), export=True)
   result = loop.run(c, str(tmp_path), task=toy_task(c))
@@ -370,6 +373,7 @@ def test_one_device_alternate_mode_trains_on_the_latest_sync_with_probability_m(
   assert [r["lr"] for r in rows[:5]] == pytest.approx([lr / 4, lr / 2, 3 * lr / 4, lr, lr])
 
 
+@pytest.mark.slow  # ~22 s on 2 cores (2026-12-04); the default suite keeps ~15 min
 def test_searchers_sample_in_the_model_dtype_under_float32_master_weights(tmp_path, monkeypatch):
   seen = {"configs": [], "params": set()}
 
@@ -393,6 +397,7 @@ def test_searchers_sample_in_the_model_dtype_under_float32_master_weights(tmp_pa
   assert KVCache.init(seen["configs"][0], 1, 8).k.dtype == jax.numpy.bfloat16
 
 
+@pytest.mark.slow  # ~24 s on 2 cores (2026-12-04); the default suite keeps ~15 min
 def test_resume_restores_the_reference_in_use_after_a_reset(tmp_path, monkeypatch):
   references = []
   original = Searcher.set_reference

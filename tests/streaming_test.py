@@ -108,6 +108,7 @@ def _version_run(cfg, in_flight_updates, num_samples=2):
   return entries
 
 
+@pytest.mark.slow  # ~20 s on 2 cores (2026-12-04); the default suite keeps ~15 min
 def test_rows_in_flight_take_new_weights_and_record_both_versions(tiny_cfg):
   entries = _version_run(tiny_cfg, in_flight_updates=True)
   spans = {(e.version, e.last_version) for e in entries}
