@@ -187,6 +187,7 @@ def test_one_compile_per_slot_count_prompt_bucket_and_window(tiny_cfg, monkeypat
   assert all(len(traced[name]) > before[name] for name in traced)
 
 
+@pytest.mark.slow  # ~14 s on 2 cores (2026-12-04); the default suite keeps ~15 min
 def test_rows_placed_after_a_weight_swap_decode_under_the_new_weights(tiny_cfg):
   old, prompts = _ragged(tiny_cfg)
   new = _params(tiny_cfg, seed=9)

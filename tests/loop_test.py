@@ -285,6 +285,7 @@ def test_rerunning_a_finished_run_does_nothing_and_a_raised_step_count_trains_on
   assert [r["step"] for r in _train_rows(str(tmp_path))] == [1, 2, 3]
 
 
+@pytest.mark.slow  # ~12 s on 2 cores (2026-12-04); the default suite keeps ~15 min
 def test_a_run_killed_before_its_final_export_finishes_it_on_rerun(tmp_path, monkeypatch):
   c = tiny_config(num_train_steps=2, mesh=dict(num_devices=1), export=True)
 
@@ -302,6 +303,7 @@ def test_a_run_killed_before_its_final_export_finishes_it_on_rerun(tmp_path, mon
   assert [r["step"] for r in _train_rows(str(tmp_path))] == [1, 2]  # no step trained again
 
 
+@pytest.mark.slow  # ~13 s on 2 cores (2026-12-04); the default suite keeps ~15 min
 def test_every_run_records_its_setup_in_its_first_metrics_row(tmp_path, capsys):
   c = tiny_config(num_train_steps=1, mesh=dict(num_devices=1), sync=dict(mode="async"))
   loop.run(c, str(tmp_path), task=toy_task(c))
@@ -481,6 +483,7 @@ def test_evaluation_runs_where_eval_devices_says_and_logs_its_time(tmp_path, mon
   assert all(r["eval_seconds"] > 0 for r in evals)
 
 
+@pytest.mark.slow  # ~11 s on 2 cores (2026-12-04); the default suite keeps ~15 min
 def test_evaluations_do_not_count_against_max_train_seconds(tmp_path, monkeypatch):
   """Each evaluation takes 1,000 s on the loop's clock; 500 s of training still trains on."""
   import time as real_time

@@ -317,6 +317,7 @@ def test_rows_sharing_a_prompt_prefill_it_once_and_sample_as_if_each_had(tiny_cf
   assert len(set(map(tuple, shared.tokens[:3]))) > 1  # a prompt's rows still sample apart
 
 
+@pytest.mark.slow  # ~11 s on 2 cores (2026-12-04); the default suite keeps ~15 min
 def test_decode_compiles_once_per_bucket(tiny_cfg, monkeypatch):
   traces = {"prefill": 0, "decode": 0}
 

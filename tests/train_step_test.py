@@ -186,6 +186,7 @@ def test_microbatches_that_do_not_split_the_batch_evenly_are_refused(tiny_cfg):
       update(ts.init_state(np_params(tiny_cfg, 0), optimizer, shardings), batch)
 
 
+@pytest.mark.slow  # ~11 s on 2 cores (2026-12-04); the default suite keeps ~15 min
 def test_update_is_invariant_to_row_order(tiny_cfg):
   params = np_params(tiny_cfg, 0)
   batch = make_batch(tiny_cfg, 2, equal_groups(4, 4, seed=2), np_params(tiny_cfg, 1))
