@@ -81,7 +81,7 @@ loop.run(c, sys.argv[1])
 """
 
 
-@pytest.mark.slow  # ~16 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~16 s on 2 cores (2026-12-04): out of the default suite
 def test_loop_run_applies_num_cpu_devices_or_says_it_cannot(tmp_path):
   """README's library entry point with the default layout: async on 2 CPU devices."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # JAX's default: 1 device

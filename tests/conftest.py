@@ -22,12 +22,11 @@ import pytest  # noqa: E402
 
 from tba_jax.model import ModelConfig  # noqa: E402
 
-# Parametrised cases that took over 11 s each on 2 cores (2026-12-04): slow-marked here so
-# the default suite keeps to ~15 minutes; their other cases stay in it (the whole functions
+# Parametrised cases that took over 11 s each on 2 cores (2026-12-04): slow-marked here to keep
+# the default suite short; their other cases stay in it (the whole functions
 # slow-marked for the same reason carry the marker themselves).
 SLOW_CASES = {
     "loop_test.py::test_a_resumed_alternate_run_repeats_the_uninterrupted_one[vargrad]",
-    "loop_test.py::test_a_reward_model_scores_the_run_through_the_reward_stage[async]",
     "loop_test.py::test_evaluation_runs_where_eval_devices_says_and_logs_its_time[trainer]",
     "loop_test.py::test_a_searcher_failure_is_restarted_and_the_run_finishes[2]",
     "streaming_test.py::test_a_streaming_run_trains_to_the_end_through_a_restart_and_checkpoints"
@@ -44,7 +43,6 @@ SLOW_CASES = {
     "continuous_test.py::test_outputs_with_num_slots_equal_static_on_a_ragged_batch[greedy]",
     "continuous_test.py::test_outputs_with_num_slots_equal_static_on_a_ragged_batch"
     "[min_tokens_end_with_eos]",
-    "loop_test.py::test_a_reward_model_scores_the_run_through_the_reward_stage[alternate]",
     "model_families_test.py::test_greedy_generation_static_and_streaming_matches_transformers"
     "[gemma3]",
 }

@@ -145,7 +145,7 @@ def test_rows_fed_while_the_stream_runs_equal_static(tiny_cfg):
                                atol=2e-5)
 
 
-@pytest.mark.slow  # ~20 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~20 s on 2 cores (2026-12-04): out of the default suite
 def test_one_compile_per_slot_count_prompt_bucket_and_window(tiny_cfg, monkeypatch):
   """Each program traces once per shape key: decode per window (the slot count
   and cache size fixed here), prefill per (prefill batch bucket, prompt bucket),
@@ -187,7 +187,7 @@ def test_one_compile_per_slot_count_prompt_bucket_and_window(tiny_cfg, monkeypat
   assert all(len(traced[name]) > before[name] for name in traced)
 
 
-@pytest.mark.slow  # ~14 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~14 s on 2 cores (2026-12-04): out of the default suite
 def test_rows_placed_after_a_weight_swap_decode_under_the_new_weights(tiny_cfg):
   old, prompts = _ragged(tiny_cfg)
   new = _params(tiny_cfg, seed=9)

@@ -88,7 +88,7 @@ def test_all_gather_entries_is_identity_in_one_process():
   assert int(packed["count"]) == 1 and packed["completion"].shape == (3, 4)
 
 
-@pytest.mark.slow  # ~99 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~99 s on 2 cores (2026-12-04): out of the default suite
 def test_two_hosts_train_on_one_buffer_checkpoint_together_and_stop_when_one_is_lost(tmp_path):
   # Training until Ctrl-C (SIGINT) reaches process 1 only: both save the same step, name the
   # signal, and exit 0. (SIGTERM takes the same path: the signal's number is what the hosts

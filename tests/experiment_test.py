@@ -47,7 +47,7 @@ def _read_log(path):
     return [json.loads(line) for line in f]
 
 
-@pytest.mark.slow  # ~24 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~24 s on 2 cores (2026-12-04): out of the default suite
 def test_a_run_killed_after_a_checkpoint_resumes_with_every_entry_and_no_prompt_twice(tmp_path):
   # Async (2 CPU devices): the searcher samples ahead of the trainer; the fault injection
   # SIGKILLs the process after step 5's update, past the checkpoint of step 4, which holds
@@ -109,7 +109,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_with_every_entry_and_no_prompt_
   assert [r["step"] for r in rows if "loss" in r] == list(range(1, 9))
 
 
-@pytest.mark.slow  # ~27 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~27 s on 2 cores (2026-12-04): out of the default suite
 def test_redteam_tiny_runs_async_to_the_end_with_evaluations_and_an_export(tmp_path, tiny_run):
   workdir, out = tiny_run("redteam")  # README's smoke test, shared with readme_test.py
   assert "mode      async" in out.stdout  # 2 CPU devices: 1 trainer + 1 searcher
@@ -208,7 +208,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
   assert _steps(workdir) and _steps(workdir)[-1] < 1000
 
 
-@pytest.mark.slow  # ~25 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~25 s on 2 cores (2026-12-04): out of the default suite
 def test_ctrl_c_saves_a_checkpoint_at_the_step_it_stopped_and_the_rerun_resumes_there(tmp_path):
   workdir = str(tmp_path)
   arg = "tiny,checkpoint.every=1000,eval.every=0,export=false"

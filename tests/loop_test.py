@@ -126,7 +126,7 @@ def _plain_synchronous_loop(c, task, tokenizer):
   return jax.device_get(state.params)
 
 
-@pytest.mark.slow  # ~33 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~33 s on 2 cores (2026-12-04): out of the default suite
 def test_synchronous_mode_equals_a_plain_synchronous_loop(tmp_path):
   c = _sync_config()
   task = toy_task(c)
@@ -222,7 +222,7 @@ def _saved_buffer(workdir, step):
   return buffer
 
 
-@pytest.mark.slow  # ~22 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~22 s on 2 cores (2026-12-04): out of the default suite
 def test_resuming_under_a_different_config_is_refused(tmp_path):
   c = tiny_config(num_train_steps=2, mesh=dict(num_devices=1), buffer=dict(prefill=8))
   loop.run(c, str(tmp_path), task=toy_task(c))
@@ -271,7 +271,7 @@ def test_a_resumed_alternate_run_repeats_the_uninterrupted_one(tmp_path, log_z):
   assert times == sorted(times) and times[5] > times[4] > 0
 
 
-@pytest.mark.slow  # ~18 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~18 s on 2 cores (2026-12-04): out of the default suite
 def test_rerunning_a_finished_run_does_nothing_and_a_raised_step_count_trains_on(tmp_path, capsys):
   c = tiny_config(num_train_steps=2, mesh=dict(num_devices=1), export=True)
   result = loop.run(c, str(tmp_path), task=toy_task(c))
@@ -285,7 +285,7 @@ def test_rerunning_a_finished_run_does_nothing_and_a_raised_step_count_trains_on
   assert [r["step"] for r in _train_rows(str(tmp_path))] == [1, 2, 3]
 
 
-@pytest.mark.slow  # ~12 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~12 s on 2 cores (2026-12-04): out of the default suite
 def test_a_run_killed_before_its_final_export_finishes_it_on_rerun(tmp_path, monkeypatch):
   c = tiny_config(num_train_steps=2, mesh=dict(num_devices=1), export=True)
 
@@ -303,7 +303,7 @@ def test_a_run_killed_before_its_final_export_finishes_it_on_rerun(tmp_path, mon
   assert [r["step"] for r in _train_rows(str(tmp_path))] == [1, 2]  # no step trained again
 
 
-@pytest.mark.slow  # ~13 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~13 s on 2 cores (2026-12-04): out of the default suite
 def test_every_run_records_its_setup_in_its_first_metrics_row(tmp_path, capsys):
   c = tiny_config(num_train_steps=1, mesh=dict(num_devices=1), sync=dict(mode="async"))
   loop.run(c, str(tmp_path), task=toy_task(c))
@@ -375,7 +375,7 @@ def test_one_device_alternate_mode_trains_on_the_latest_sync_with_probability_m(
   assert [r["lr"] for r in rows[:5]] == pytest.approx([lr / 4, lr / 2, 3 * lr / 4, lr, lr])
 
 
-@pytest.mark.slow  # ~22 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~22 s on 2 cores (2026-12-04): out of the default suite
 def test_searchers_sample_in_the_model_dtype_under_float32_master_weights(tmp_path, monkeypatch):
   seen = {"configs": [], "params": set()}
 
@@ -399,7 +399,7 @@ def test_searchers_sample_in_the_model_dtype_under_float32_master_weights(tmp_pa
   assert KVCache.init(seen["configs"][0], 1, 8).k.dtype == jax.numpy.bfloat16
 
 
-@pytest.mark.slow  # ~24 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~24 s on 2 cores (2026-12-04): out of the default suite
 def test_resume_restores_the_reference_in_use_after_a_reset(tmp_path, monkeypatch):
   references = []
   original = Searcher.set_reference
@@ -427,6 +427,7 @@ def test_resume_restores_the_reference_in_use_after_a_reset(tmp_path, monkeypatc
              zip(jax.tree.leaves(in_use), jax.tree.leaves(initial))) > 1e-4
 
 
+@pytest.mark.slow  # ~13 + 24 s on 2 cores (2026-12-04): out of the default suite
 @pytest.mark.parametrize("mode", ["async", "alternate"])
 def test_a_reward_model_scores_the_run_through_the_reward_stage(tmp_path, monkeypatch, mode):
   # A tiny random GPT-NeoX reward model (sharing the byte tokenizer's ids) scores every
@@ -483,7 +484,7 @@ def test_evaluation_runs_where_eval_devices_says_and_logs_its_time(tmp_path, mon
   assert all(r["eval_seconds"] > 0 for r in evals)
 
 
-@pytest.mark.slow  # ~11 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~11 s on 2 cores (2026-12-04): out of the default suite
 def test_evaluations_do_not_count_against_max_train_seconds(tmp_path, monkeypatch):
   """Each evaluation takes 1,000 s on the loop's clock; 500 s of training still trains on."""
   import time as real_time

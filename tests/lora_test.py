@@ -155,7 +155,7 @@ def _update(cfg, optimizer, num_devices=1, loss_fn=train_step.tb_loss):
   return update, train_step.state_shardings(cfg, optimizer, mesh), place
 
 
-@pytest.mark.slow  # ~18 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~18 s on 2 cores (2026-12-04): out of the default suite
 def test_only_the_adapters_train_and_their_gradient_is_the_merged_models(tiny_cfg):
   cfg = with_lora(tiny_cfg)
   base = jax.tree.map(np.asarray, model.init_params(tiny_cfg, 0))
@@ -221,7 +221,7 @@ def test_tb_and_the_baselines_raise_the_rewarded_completions_on_4_devices(tiny_c
   assert gain[favoured].min() > gain[others].max(), gain
 
 
-@pytest.mark.slow  # ~14 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~14 s on 2 cores (2026-12-04): out of the default suite
 def test_sharded_lora_update_equals_single_device(tiny_cfg):
   cfg = with_lora(tiny_cfg)
   base = jax.tree.map(np.asarray, model.init_params(tiny_cfg, 0))
@@ -276,7 +276,7 @@ def test_a_published_sync_carries_only_adapter_bytes(tiny_cfg, monkeypatch, shar
                                 np.asarray(adapters["layers"]["attn"]["q_lora"]["lora_a"]) + 1)
 
 
-@pytest.mark.slow  # ~22 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~22 s on 2 cores (2026-12-04): out of the default suite
 def test_the_reference_logprobs_with_lora_are_the_base_models(tiny_cfg):
   from tba_jax.tasks import Problem, Task
   devices = jax.devices()
@@ -352,7 +352,7 @@ def test_the_peft_export_loads_in_peft_and_matches_our_logits(tmp_path, name, ta
 _COMPARED = ("loss", "reward_mean", "kl", "staleness_mean", "searcher_samples", "buffer_entries")
 
 
-@pytest.mark.slow  # ~45 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~45 s on 2 cores (2026-12-04): out of the default suite
 def test_a_lora_run_resumes_exactly_and_exports_merged_weights_and_a_peft_adapter(
     tmp_path, monkeypatch):
   import peft

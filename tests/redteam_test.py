@@ -210,7 +210,7 @@ def test_diversity_matches_numpy_over_transformers_embeddings(tmp_path):
   assert redteam.diversity(np.eye(4)) == pytest.approx(1.0)
 
 
-@pytest.mark.slow  # ~22 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~22 s on 2 cores (2026-12-04): out of the default suite
 def test_the_reward_is_the_mean_log_p_toxic_of_the_victims_replies_in_alpaca_format():
   victim = redteam.Victim("random", max_new_tokens=6, num_replies=3)
   judge = redteam.Judge("classifier", "random")

@@ -271,7 +271,7 @@ def test_without_eos_every_row_runs_max_new_tokens(tiny_cfg):
 # ---------------------------------------------------------------------------
 # Determinism across meshes and batches; compiles per bucket.
 # ---------------------------------------------------------------------------
-@pytest.mark.slow  # ~13 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~13 s on 2 cores (2026-12-04): out of the default suite
 def test_same_tokens_on_one_device_and_on_a_four_device_mesh(tiny_cfg):
   params = _peaked_params(tiny_cfg, seed=5)
   prompts = _random_prompts(np.random.default_rng(2), [6, 2, 9, 4, 7, 1])
@@ -317,7 +317,7 @@ def test_rows_sharing_a_prompt_prefill_it_once_and_sample_as_if_each_had(tiny_cf
   assert len(set(map(tuple, shared.tokens[:3]))) > 1  # a prompt's rows still sample apart
 
 
-@pytest.mark.slow  # ~11 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~11 s on 2 cores (2026-12-04): out of the default suite
 def test_decode_compiles_once_per_bucket(tiny_cfg, monkeypatch):
   traces = {"prefill": 0, "decode": 0}
 

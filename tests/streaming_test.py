@@ -108,7 +108,7 @@ def _version_run(cfg, in_flight_updates, num_samples=2):
   return entries
 
 
-@pytest.mark.slow  # ~20 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~20 s on 2 cores (2026-12-04): out of the default suite
 def test_rows_in_flight_take_new_weights_and_record_both_versions(tiny_cfg):
   entries = _version_run(tiny_cfg, in_flight_updates=True)
   spans = {(e.version, e.last_version) for e in entries}
@@ -116,7 +116,7 @@ def test_rows_in_flight_take_new_weights_and_record_both_versions(tiny_cfg):
   assert spans <= {(3, 3), (3, 4), (4, 4)}
 
 
-@pytest.mark.slow  # ~18 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~18 s on 2 cores (2026-12-04): out of the default suite
 def test_a_streamed_group_spanning_two_versions_is_one_generation_for_the_m_branch(tiny_cfg):
   """A prompt's S rows placed before and after a weight swap start under two versions; the
   buffer's m branch draws all S of them, without replacement (it used to keep the newest
@@ -136,7 +136,7 @@ def test_a_streamed_group_spanning_two_versions_is_one_generation_for_the_m_bran
       sorted(e.version for e in groups[split[0]])
 
 
-@pytest.mark.slow  # ~14 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~14 s on 2 cores (2026-12-04): out of the default suite
 def test_without_in_flight_updates_every_entry_has_one_version(tiny_cfg):
   entries = _version_run(tiny_cfg, in_flight_updates=False)
   assert all(e.version == e.last_version for e in entries)
@@ -149,7 +149,7 @@ def _taken_exactly_once(committed, requeued, position, ids, seed=0):
   assert sorted(committed + requeued + order[position:]) == sorted(ids)
 
 
-@pytest.mark.slow  # ~13 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~13 s on 2 cores (2026-12-04): out of the default suite
 def test_a_snapshot_requeues_unfinished_groups_and_a_resume_samples_them_first(tiny_cfg):
   searcher = _searcher(tiny_cfg, num_slots=4, num_prompts=2)
   searcher.search_once()

@@ -34,7 +34,7 @@ def _run(command):
   return out.stdout
 
 
-@pytest.mark.slow  # ~29 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~29 s on 2 cores (2026-12-04): out of the default suite
 def test_tiny_runs_async_with_win_rate_before_and_after_an_export_that_evaluates_alike(tmp_path):
   workdir = str(tmp_path / "run")
   stdout = _run(_command("tldr", workdir))

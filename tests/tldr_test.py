@@ -144,7 +144,7 @@ def test_reward_is_the_score_at_the_eos_token_and_minus_one_without_eos(tmp_path
   assert got[1] == -1.0
 
 
-@pytest.mark.slow  # ~14 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~14 s on 2 cores (2026-12-04): out of the default suite
 def test_an_eos_sampled_as_the_last_allowed_token_ends_the_summary_with_no_penalty():
   """EOS in the 12th and last column (masked before it) is an ended completion of 12
   tokens, scored by the reward model; only a summary cut off without EOS gets -1. The tiny

@@ -186,7 +186,7 @@ def test_microbatches_that_do_not_split_the_batch_evenly_are_refused(tiny_cfg):
       update(ts.init_state(np_params(tiny_cfg, 0), optimizer, shardings), batch)
 
 
-@pytest.mark.slow  # ~11 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~11 s on 2 cores (2026-12-04): out of the default suite
 def test_update_is_invariant_to_row_order(tiny_cfg):
   params = np_params(tiny_cfg, 0)
   batch = make_batch(tiny_cfg, 2, equal_groups(4, 4, seed=2), np_params(tiny_cfg, 1))
@@ -292,7 +292,7 @@ def test_baselines_train_through_the_same_update(tiny_cfg, loss_fn):
   assert gain[favoured].min() > gain[others].max(), gain
 
 
-@pytest.mark.slow  # ~30 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~30 s on 2 cores (2026-12-04): out of the default suite
 def test_precision_modes(tiny_cfg):
   """Master weights stay float32 under bfloat16 compute; bfloat16 params stay bfloat16 with
   float32 moments, or bfloat16 moments under adamw_rounded; all track the float32 loss."""
@@ -379,7 +379,7 @@ def test_learning_rate_schedules():
   assert [lr(cosine, c) for c in (0, 10, 60, 110)] == pytest.approx([0.0, 1.0, 0.5, 0.0], abs=1e-6)
 
 
-@pytest.mark.slow  # ~13 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~13 s on 2 cores (2026-12-04): out of the default suite
 def test_update_u_applies_and_reports_lr_of_u(tiny_cfg):
   """The authors step the scheduler before each update: update 1 of a warmup uses lr(1) > 0,
   and the reported lr is the one applied (Adam's first step moves each weight by ~lr)."""
@@ -403,7 +403,7 @@ def test_update_u_applies_and_reports_lr_of_u(tiny_cfg):
   assert reported == pytest.approx([0.25e-3, 0.5e-3])
 
 
-@pytest.mark.slow  # ~15 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~15 s on 2 cores (2026-12-04): out of the default suite
 def test_a_learned_log_z_descends_to_each_prompts_vargrad_value(tiny_cfg):
   """loss.log_z="learned": with the policy frozen, TB's gradient in log Z(x) is
   2 (log Z(x) + mean_j d_j) n_x / N, so plain SGD drives each prompt's entry of the table

@@ -43,7 +43,7 @@ def _teacher_forced(cfg, params, prompts, out, temperature=1.0):
       cfg, params, tokens, mask, layout.completion_len, temperature))
 
 
-@pytest.mark.slow  # ~14 s on 2 cores (2026-12-04); the default suite keeps ~15 min
+@pytest.mark.slow  # ~14 s on 2 cores (2026-12-04): out of the default suite
 def test_the_model_saw_exactly_the_trajectory_tokens(tiny_cfg):
   """Sampler log-probs of every model token equal a full forward of prompt + trajectory
   (model turns and replies as recorded): the cache held those tokens at those positions,
