@@ -96,8 +96,8 @@ variant has not been measured yet):
   - Fewer than K unique entries: they draw all K with replacement; we take every
     unique entry once and only the shortfall with replacement.
   - Micro-batches: their 7 one-prompt micro-batches accumulate bfloat16
-    gradients, ours float32 (the whole batch in one pass, 140 rows even of 288
-    tokens, asked an H200 for 158 GiB: BENCHMARKS, "On one H200"). Either way
+    gradients, ours float32 (one pass over 140 rows, even of 288 tokens, asked an
+    H200 for 158 GiB: BENCHMARKS, "One H200"). Either way
     log Z is estimated per slot: a prompt drawn into two slots is two groups of
     K (theirs: two micro-batches), and optim.num_microbatches must divide
     buffer.num_prompts (a micro-batch holds whole slots), so the update does
