@@ -28,6 +28,38 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.timing import median_seconds  # noqa: E402
 
+def kernel_summary(folder: str, steps: int, step_seconds: float) -> dict:
+  """Device kernels of a traced sampler call (the perfetto trace under `folder`): how many
+  run per decode step, their summed time per step beside the step's wall time, and the
+  kernels that take most of it. Prints the figures and returns them."""
+  import collections
+  import glob
+  import gzip
+  [path] = glob.glob(os.path.join(folder, "**", "*perfetto_trace.json.gz"), recursive=True)
+  events = json.load(gzip.open(path))["traceEvents"]
+  names = {e["pid"]: e["args"]["name"] for e in events
+           if e.get("ph") == "M" and e.get("name") == "process_name"}
+  device = {pid for pid, name in names.items() if "/device:" in name and "CPU" not in name}
+  kernels = [e for e in events if e.get("ph") == "X" and e.get("pid") in device]
+  if not kernels:
+    print(f"  profile: no device kernels in {path} (processes: {sorted(names.values())})")
+    return {}
+  busy = collections.Counter()
+  count = collections.Counter()
+  for e in kernels:
+    busy[e["name"]] += e["dur"] * 1e-6
+    count[e["name"]] += 1
+  total = sum(busy.values())
+  out = {"kernels_per_step": len(kernels) / steps, "kernel_ms_per_step": total / steps * 1e3,
+         "step_ms": step_seconds * 1e3,
+         "top": [(n[:80], busy[n] / steps * 1e3, count[n] / steps) for n, _ in busy.most_common(8)]}
+  print(f"  profile: {out['kernels_per_step']:.0f} kernels a step, {out['kernel_ms_per_step']:.2f}"
+        f" ms of kernel time a step of {out['step_ms']:.2f} ms wall")
+  for name, ms, per_step in out["top"]:
+    print(f"    {ms:7.3f} ms/step  {per_step:6.1f}/step  {name}")
+  return out
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--hbm_gbps", type=float, default=4800.0)
@@ -43,7 +75,18 @@ def main():
   parser.add_argument("--small", action="store_true", help="a 2-layer model (smoke test on CPU)")
   parser.add_argument("--attention_impl", default="auto",
                       help="model.attention_impl: auto, xla, cudnn, pallas (tba_jax/attention.py)")
+  parser.add_argument("--parts", default="sampler,streaming,trainer",
+                      help="which figures to measure (the trainer's include the weight sync)")
+  parser.add_argument("--profile", default="",
+                      help="a folder: trace one sampler call per batch size there and print "
+                           "the device kernels per decode step and where their time goes")
+  parser.add_argument("--unroll_layers", action="store_true",
+                      help="unroll the model's layer scan (one straight-line program per step)")
   args = parser.parse_args()
+  parts = set(args.parts.split(","))
+  if args.unroll_layers:
+    from benchmarks.roofline import unrolled_layers
+    unrolled_layers().__enter__()  # for the whole process
 
   import jax
   import jax.numpy as jnp
@@ -65,7 +108,7 @@ def main():
   weight_bytes = n_params * 2
 
   # ----- Sampler ----------------------------------------------------------------
-  for b in (int(x) for x in args.sampler_batches.split(",")):
+  for b in (int(x) for x in args.sampler_batches.split(",") if "sampler" in parts):
     sampler = Sampler(cfg, max_new_tokens=args.new_tokens, greedy=True, mesh=mesh,
                       prompt_buckets=(args.prompt_len,), batch_buckets=(b,))
     prompts = [list(rng.integers(3, cfg.vocab_size, args.prompt_len)) for _ in range(b)]
@@ -86,11 +129,16 @@ def main():
                                 "hbm_roofline_fraction": roofline}
     print(f"sampler batch {b:>4}: {tps:>9.0f} tok/s, decode step {step * 1e3:6.2f} ms, "
           f"{roofline:5.1%} of the HBM roofline")
+    if args.profile:
+      folder = os.path.join(args.profile, f"sampler_b{b}")
+      with jax.profiler.trace(folder, create_perfetto_trace=True):
+        sampler(params, prompts, jax.random.key(2))
+      results[f"sampler_b{b}"]["profile"] = kernel_summary(folder, args.new_tokens, step)
 
   # ----- Streaming sampler (continuous batching) -----------------------------------------
   # 2 x N rows through N slots (every slot refilled once), no EOS: the pool's own cost.
   # The step time includes the prefills (an upper bound), so the roofline is a lower bound.
-  for n in (int(x) for x in args.stream_slots.split(",") if x):
+  for n in (int(x) for x in args.stream_slots.split(",") if x and "streaming" in parts):
     pool = Sampler(cfg, max_new_tokens=args.new_tokens, greedy=True, mesh=mesh,
                    prompt_buckets=(args.prompt_len,))
     prompts = [list(rng.integers(3, cfg.vocab_size, args.prompt_len)) for _ in range(2 * n)]
@@ -107,6 +155,9 @@ def main():
     print(f"streaming {n:>4} slots: {tps:>9.0f} tok/s, step {step * 1e3:6.2f} ms (prefill "
           f"included), {roofline:5.1%} of the HBM roofline")
 
+  if "trainer" not in parts:
+    print("RESULTS " + json.dumps(results))
+    return
   # ----- Trainer ------------------------------------------------------------------
   trainer_mesh = sharding.make_mesh("trainer", [device])
   optimizer = train_step.make_optimizer(1e-5, 0.0, 1.0)

@@ -2,7 +2,8 @@
 # One accelerator, under 10 minutes: the attention backends' numerics on this device
 # (tests/attention_test.py: cudnn / pallas against xla), sampler tokens/s and HBM roofline
 # fraction (static batches and the streaming sampler at 64 and 256 slots), trainer MFU,
-# weight-sync time (benchmarks/accelerator.py, attention_impl auto, falling back to xla),
+# weight-sync time (benchmarks/accelerator.py, attention_impl auto, falling back to xla;
+# then decode and the update with cuBLAS gemms in place of Triton's, decode profiled),
 # each printed beside benchmarks/roofline.py's prediction for this chip
 # (benchmarks/measured_vs_predicted.py), then a short asynchronous GSM8K-format run of a
 # random-init model of RhoMath-1B's shape. Everything goes to ${OUT:-/tmp/tba_gpu}.
@@ -37,6 +38,9 @@ part() { local limit=$1; shift; timeout "$limit" "$@" || echo "== (that part end
   acc=(python3 benchmarks/accelerator.py --hbm_gbps "${HBM_GBPS:-4800}" --peak_tflops "${PEAK_TFLOPS:-989}")
   part 300 "${acc[@]}" --attention_impl auto | tee "$out/accelerator.txt"
   grep -q RESULTS "$out/accelerator.txt" || part 200 "${acc[@]}" --attention_impl xla | tee "$out/accelerator.txt"
+  echo "== cuBLAS gemms instead of Triton's (they read the layer scan's weight slices in place)"
+  XLA_FLAGS="--xla_gpu_enable_triton_gemm=false ${XLA_FLAGS:-}" part 200 "${acc[@]}" \
+    --parts sampler,trainer --sampler_batches 8,64 --profile "$run/profile" | grep -v RESULTS
   echo "== measured beside predicted (${CHIP:-H200})"
   predicted="${PREDICTED:-$out/predicted.json}"
   [[ -f "$predicted" ]] || JAX_PLATFORMS=cpu python3 -m benchmarks.roofline --shapes rho-1b \
