@@ -14,7 +14,10 @@ A random-init model of RhoMath-1B's shape (Llama, 22 layers, dim 2048,
   --train_batch sequences of --train_len tokens; model FLOPs utilisation =
   6 x params x tokens / step time / peak bf16 FLOP/s.
 - Weight sync: publishing the trainer's params to a searcher copy (bfloat16).
-Medians over --repeats; one line per figure, and a JSON line at the end.
+Medians over --repeats; one line per figure, and a JSON line at the end. --parts picks
+the figures; --profile DIR also traces one sampler call per batch size and prints its
+device kernels per decode step (how many, their summed time beside the step's, the
+largest), which is how BENCHMARKS "One H200 again" found the weight-slice copies.
 """
 import argparse
 import functools
@@ -27,6 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.timing import median_seconds  # noqa: E402
+
 
 def kernel_summary(folder: str, steps: int, step_seconds: float) -> dict:
   """Device kernels of a traced sampler call (the perfetto trace under `folder`): how many

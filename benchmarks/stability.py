@@ -28,6 +28,9 @@ ARMS = {
     "alternate": ["sync.mode=alternate"],              # no staleness beyond the window
     "on_policy": ["sync.mode=alternate", "sync.every=1", "buffer.m=1.0"],  # synchronous
     "no_clip": ["optim.grad_clip_norm=0"],
+    # lr 1.5e-5 decayed to 0 by a cosine over the run's steps, no clipping
+    "cosine_no_clip": ["optim.grad_clip_norm=0", "optim.learning_rate=1.5e-5",
+                       "optim.schedule=cosine", "optim.warmup_steps=0", "optim.decay_steps=0"],
     "beta_0.2": ["loss.beta_start=0.2", "loss.beta_end=0.2"],
     "learned_log_z": ["loss.log_z=learned"],
     "sync_every_4": ["sync.every=4"],                  # staler samples
