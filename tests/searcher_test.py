@@ -62,6 +62,7 @@ def test_the_reward_stage_scores_each_batch_once_with_all_its_rows(tiny_cfg):
     assert e.reward == pytest.approx(r / 10) and e.version == 3
 
 
+@pytest.mark.slow  # ~11 s on 2 cores (2026-12-04): out of the default suite
 def test_a_reward_stage_returning_the_wrong_shape_is_named(tiny_cfg):
   searcher, _ = _searcher(tiny_cfg, lambda batch: np.zeros(len(batch) + 1))
   with pytest.raises(ValueError, match="one reward per completion"):
