@@ -40,7 +40,7 @@ part() { local limit=$1; shift; timeout "$limit" "$@" || echo "== (that part end
   grep -q RESULTS "$out/accelerator.txt" || part 200 "${acc[@]}" --attention_impl xla | tee "$out/accelerator.txt"
   echo "== cuBLAS gemms instead of Triton's (they read the layer scan's weight slices in place)"
   XLA_FLAGS="--xla_gpu_enable_triton_gemm=false ${XLA_FLAGS:-}" part 200 "${acc[@]}" \
-    --parts sampler,trainer --sampler_batches 8,64 --profile "$run/profile" | grep -v RESULTS
+    --parts sampler,trainer --sampler_batches 8,64 --profile "$run/profile" 2>&1 | { grep -v RESULTS || true; }
   echo "== measured beside predicted (${CHIP:-H200})"
   predicted="${PREDICTED:-$out/predicted.json}"
   [[ -f "$predicted" ]] || JAX_PLATFORMS=cpu python3 -m benchmarks.roofline --shapes rho-1b \
