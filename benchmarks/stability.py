@@ -31,6 +31,10 @@ ARMS = {
     # lr 1.5e-5 decayed to 0 by a cosine over the run's steps, no clipping
     "cosine_no_clip": ["optim.grad_clip_norm=0", "optim.learning_rate=1.5e-5",
                        "optim.schedule=cosine", "optim.warmup_steps=0", "optim.decay_steps=0"],
+    # and TB's residuals under a Huber loss at 4 nats (a wrong sample's gradient weight 8, not ~40)
+    "cosine_no_clip_huber": ["optim.grad_clip_norm=0", "optim.learning_rate=1.5e-5",
+                             "optim.schedule=cosine", "optim.warmup_steps=0",
+                             "optim.decay_steps=0", "loss.residual_clip=4"],
     "beta_0.2": ["loss.beta_start=0.2", "loss.beta_end=0.2"],
     "learned_log_z": ["loss.log_z=learned"],
     "sync_every_4": ["sync.every=4"],                  # staler samples

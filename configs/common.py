@@ -124,6 +124,9 @@ def base() -> ml_collections.ConfigDict:
       ratio_clip=key(0.0, ">= 0"),  # TB: > 0 = a cap c on the sequence importance weight; RLOO (the
                                     # paper's Proximal RLOO) and GRPO: PPO's clip eps (0 = 0.2);
                                     # ratio: the per-token ratio's cap (0 = 8, TBA-prime's)
+      # TB only: > 0 = the Huber loss of each residual at this many nats (its gradient weight
+      # capped at 2c) instead of its square
+      residual_clip=key(0.0, ">= 0"),
       kl_coef=key(0.04, ">= 0"),  # GRPO / RLOO / ratio only
       ref_reset_every=key(0, ">= 0"),  # > 0: the reference becomes the current policy every N steps
       # TB's target at step u: [log pi_ref / gamma(u) + r / beta(u)] / tau(u), gamma and tau

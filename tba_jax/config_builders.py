@@ -464,7 +464,8 @@ def encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, l
 # loss.name -> fn(loss section) -> train_step.LossFn.
 LOSSES = {
     "tb": lambda lo: functools.partial(train_step.tb_loss, ratio_clip=lo.ratio_clip or None,
-                                       log_z_from_behaviour=lo.log_z == "behaviour"),
+                                       log_z_from_behaviour=lo.log_z == "behaviour",
+                                       residual_clip=lo.residual_clip or None),
     # the paper's Proximal RLOO baseline (PPO eps)
     "rloo": lambda lo: functools.partial(train_step.rloo_loss, ratio_clip=lo.ratio_clip or 0.2),
     "grpo": lambda lo: functools.partial(train_step.grpo_loss, clip_eps=lo.ratio_clip or 0.2),

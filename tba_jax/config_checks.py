@@ -162,6 +162,9 @@ def _problems(config) -> Iterable[str]:
   if get("loss.log_z") != "vargrad" and get("loss.name") != "tb":
     yield (f"loss.log_z={get('loss.log_z')!r}: only with loss.name='tb' (not "
            f"{get('loss.name')!r})")
+  if get("loss.residual_clip") and get("loss.name") != "tb":
+    yield (f"loss.residual_clip={get('loss.residual_clip')!r}: only with loss.name='tb' (not "
+           f"{get('loss.name')!r})")
   if get("task.name") == "redteam":
     yield from _redteam_problems(config)
   if get("model.path") == "random" and not get("model.tokenizer"):

@@ -25,6 +25,10 @@ Switches (each defaults to the TBA paper's behaviour):
   itself uses no importance weights, and neither does TBA-prime's TB (bbartoldson/
   tba-prime at 115573d: its cap of 8 is the per-token ratio loss's, `ratio` below).
   (For the RLOO and GRPO baselines `ratio_clip` is PPO's eps instead.)
+- Residual cap: `trajectory_balance(..., residual_clip=c)` takes the Huber loss of each
+  residual (its square within +-c, linear beyond), so a sequence's gradient weight is
+  2 clip(residual, -c, c): a wrong completion sampled where the policy is mostly right
+  (residual about r / beta) pushes as hard as one c nats off, not 20. Default None.
 - beta schedule: `linear_beta` (the authors' anneal, with its (u - 1)
   convention and optional abrupt switch) or `constant_beta`.
 - Tempered target (red-teaming; Lee et al., GFNOrg/red-teaming gfn_trainer.py
@@ -184,7 +188,8 @@ def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Arr
                        ratio_clip: float | None = None,
                        ref_weight: Array | float = 1.0,
                        log_z: Array | None = None,
-                       log_z_from_behaviour: bool = False) -> tuple[Array, TBAux]:
+                       log_z_from_behaviour: bool = False,
+                       residual_clip: float | None = None) -> tuple[Array, TBAux]:
   """VarGrad TB loss (module docstring); all inputs are per-sequence [N].
 
   `ref_weight` scales the reference term: d = log pi - ref_weight log pi_ref - r / beta.
@@ -198,6 +203,9 @@ def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Arr
 
   log_z_from_behaviour (TBA-prime's TB): VarGrad's estimate from d with the
   behaviour log-probs in place of the policy's (module docstring).
+
+  residual_clip (default None = off): the Huber loss of each residual at c in place of
+  its square (equal within +-c; beyond, 2 c |residual| - c^2, whose gradient is 2 c sign).
   """
   policy_logprobs = policy_logprobs.astype(jnp.float32)
   target = ref_weight * ref_logprobs + rewards / beta
@@ -212,10 +220,18 @@ def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Arr
     log_z = jax.lax.stop_gradient(log_z)
   residuals = log_z + d
   weights = _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip)
-  loss = jnp.mean(weights * residuals ** 2)
+  loss = jnp.mean(weights * _squared(residuals, residual_clip))
   kl = jnp.mean(jax.lax.stop_gradient(policy_logprobs - ref_logprobs))
   return loss, TBAux(log_z=jax.lax.stop_gradient(log_z),
                      residuals=jax.lax.stop_gradient(residuals), kl=kl, weights=weights)
+
+
+def _squared(residuals, clip):
+  """residual^2, or its Huber loss at `clip` (continuous value and gradient at +-clip)."""
+  if clip is None:
+    return residuals ** 2
+  size = jnp.abs(residuals)
+  return jnp.where(size <= clip, residuals ** 2, 2 * clip * size - clip ** 2)
 
 
 def _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip):

@@ -31,8 +31,12 @@ def schedules(c, beta_at: Callable[[int], float], lr_at: Callable[[int], float])
   n, lo, o = c.num_train_steps, c.loss, c.optim
   beta_steps = (lo.beta_anneal_steps // 2, lo.beta_anneal_steps, lo.beta_switch_step - 1,
                 lo.beta_switch_step)
-  w, st, d = o.warmup_steps, o.stable_steps, o.decay_steps
-  lr_steps = (w, w + 1, w + st, w + st + d // 2, w + st + d, n // 2)
+  w = o.warmup_steps
+  # where the schedule's phases end (config_builders.SCHEDULES)
+  end = {"wsd": w + o.stable_steps + o.decay_steps, "cosine": o.decay_steps or n,
+         "linear": o.linear_decay_steps or n}.get(o.schedule, n)
+  lr_steps = (w, w + 1, w + o.stable_steps if o.schedule == "wsd" else w,
+              (w + end) // 2, end, n // 2)
   return {"beta": _points(beta_at, beta_steps, n) + f" ({lo.name})",
           "lr": _points(lr_at, lr_steps, n) + f" ({o.schedule})"}
 

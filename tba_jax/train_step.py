@@ -101,15 +101,21 @@ def _sequence_loss(loss, token_logprobs, batch, beta, ratio_clip, **kw):
 def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
             ratio_clip: float | None = None, ref_weight: jax.Array | float = 1.0,
             log_z: jax.Array | None = None,
-            log_z_from_behaviour: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
+            log_z_from_behaviour: bool = False,
+            residual_clip: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
   """VarGrad TB on sequence sums over completion_mask (losses.trajectory_balance);
   `log_z` [N]: a learned log Z per row instead; log_z_from_behaviour: VarGrad's
-  estimate from the behaviour log-probs (TBA-prime)."""
+  estimate from the behaviour log-probs (TBA-prime); residual_clip: Huber at c."""
   loss, aux = _sequence_loss(losses.trajectory_balance, token_logprobs, batch, beta, ratio_clip,
                              ref_weight=ref_weight, log_z=log_z,
-                             log_z_from_behaviour=log_z_from_behaviour)
-  return loss, {"log_z_mean": jnp.mean(aux.log_z), "kl": aux.kl,
-                "ratio_weight_mean": jnp.mean(aux.weights)}
+                             log_z_from_behaviour=log_z_from_behaviour,
+                             residual_clip=residual_clip)
+  metrics = {"log_z_mean": jnp.mean(aux.log_z), "kl": aux.kl,
+             "ratio_weight_mean": jnp.mean(aux.weights),
+             "residual_abs_mean": jnp.mean(jnp.abs(aux.residuals))}
+  if residual_clip is not None:
+    metrics["residual_clip_fraction"] = jnp.mean(jnp.abs(aux.residuals) > residual_clip)
+  return loss, metrics
 
 
 def rloo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
@@ -366,7 +372,8 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
   (with `lr_schedule`, the learning rate given to make_optimizer: the one this
   update applies, lr(u) of u = step + 1), reward_mean, num_tokens (real prompt + completion tokens: tokens/s is
   num_tokens over the caller's wall time of the step), completion_tokens, and
-  the loss function's own (TB: log_z_mean, kl, ratio_weight_mean).
+  the loss function's own (TB: log_z_mean, kl, ratio_weight_mean, residual_abs_mean and,
+  with residual_clip, residual_clip_fraction).
 
   With LoRA the program is `update(state, batch, base)`: `base` the frozen weights
   (lora.frozen; on their trainer shardings), differentiated through but not trained.

@@ -114,6 +114,27 @@ def authors_beta(u, beta_0, beta_final, d, stop):
   return beta_final * (u - 1) / d + beta_0 * (1 - (u - 1) / d) if u < stop else beta_final
 
 
+
+def test_residual_clip_is_huber_on_the_residual_with_capped_gradient():
+  policy, ref, _, rewards, ids = random_inputs(6)
+  beta, clip = 0.4, 1.5
+  _, _, res = np_tb(policy, ref, rewards, ids, beta)
+  size = np.abs(res)
+  assert (size > clip).any() and (size[size > 0] < clip).any()
+  huber = np.where(size <= clip, res ** 2, 2 * clip * size - clip ** 2)
+  fn = lambda p: losses.trajectory_balance(p, ref, rewards, ids, beta, residual_clip=clip)
+  loss, aux = fn(policy)
+  np.testing.assert_allclose(loss, huber.mean(), rtol=1e-5)
+  np.testing.assert_allclose(aux.residuals, res, rtol=1e-4, atol=1e-4)  # reported unclipped
+  # log Z stays detached, so each sequence's gradient is (2/N) clip(residual, -c, c).
+  grad = jax.grad(lambda p: fn(p)[0])(policy)
+  np.testing.assert_allclose(grad, 2 * np.clip(res, -clip, clip) / len(ids), rtol=1e-4, atol=1e-5)
+  # A cap no residual reaches is the plain loss.
+  plain = losses.trajectory_balance(policy, ref, rewards, ids, beta)[0]
+  wide = losses.trajectory_balance(policy, ref, rewards, ids, beta,
+                                   residual_clip=float(size.max()) + 1)[0]
+  np.testing.assert_allclose(wide, plain, rtol=1e-6)
+
 @pytest.mark.parametrize("beta_0,beta_final,d,stop", [(0.014, 0.004, 500, 500),
                                                       (1.0, 0.05, 128, 32)])
 def test_linear_beta_matches_authors_schedule(beta_0, beta_final, d, stop):

@@ -28,6 +28,15 @@ def test_an_annealed_schedule_is_given_where_it_bends():
     assert float(value) == pytest.approx(beta(int(step)), rel=1e-3)
 
 
+def test_a_cosine_lr_is_given_where_it_ends_not_at_the_wsd_phases():
+  c = gsm8k_config.get_config("cpu")
+  c.optim.update(schedule="cosine", learning_rate=1e-5, warmup_steps=0, decay_steps=40)
+  c.num_train_steps = 100
+  lr = config_builders.lr_schedule(c.optim, c.num_train_steps)
+  assert run_info.schedules(c, lambda u: 0.05, lambda u: float(lr(u)))["lr"] == \
+      "9.985e-06 @1 -> 5e-06 @20 -> 0 @40 -> 0 @50 -> 0 @100 (cosine)"
+
+
 @pytest.mark.parametrize("n,text", [(7, "7"), (41_912, "41.9K"), (103_488, "103K"),
                                     (999_999, "1M"), (4_882_432, "4.88M"),
                                     (134_515_008, "135M"), (1_235_814_400, "1.24B")])
