@@ -31,6 +31,10 @@ ARMS = {
     # lr 1.5e-5 decayed to 0 by a cosine over the run's steps, no clipping
     "cosine_no_clip": ["optim.grad_clip_norm=0", "optim.learning_rate=1.5e-5",
                        "optim.schedule=cosine", "optim.warmup_steps=0", "optim.decay_steps=0"],
+    # and paced searchers (sync.paced)
+    "cosine_no_clip_paced": ["optim.grad_clip_norm=0", "optim.learning_rate=1.5e-5",
+                             "optim.schedule=cosine", "optim.warmup_steps=0",
+                             "optim.decay_steps=0", "sync.paced=true"],
     # and TB's residuals under a Huber loss at 4 nats (a wrong sample's gradient weight 8, not ~40)
     "cosine_no_clip_huber": ["optim.grad_clip_norm=0", "optim.learning_rate=1.5e-5",
                              "optim.schedule=cosine", "optim.warmup_steps=0",

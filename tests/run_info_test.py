@@ -5,16 +5,19 @@ from configs import gsm8k as gsm8k_config
 from tba_jax import config_builders, run_info
 
 
-def _schedules(variant):
+def _schedules(variant, **optim):
   c = gsm8k_config.get_config(variant)
+  c.optim.update(optim)
   beta = config_builders.beta_schedule(c.loss)
   lr = config_builders.lr_schedule(c.optim, c.num_train_steps)
   return run_info.schedules(c, lambda u: float(beta(u)), lambda u: float(lr(u)))
 
 
 def test_a_constant_schedule_is_one_value():
-  assert _schedules("cpu") == {"beta": "0.05 at every step (tb)",
-                               "lr": "1e-05 at every step (constant)"}
+  assert _schedules("cpu", schedule="constant", learning_rate=1e-5) == {
+      "beta": "0.05 at every step (tb)", "lr": "1e-05 at every step (constant)"}
+  # the recipe's own: a cosine over its 30 steps
+  assert _schedules("cpu")["lr"] == "1.496e-05 @1 -> 7.5e-06 @15 -> 0 @30 (cosine)"
 
 
 def test_an_annealed_schedule_is_given_where_it_bends():
