@@ -145,13 +145,14 @@ def _cpu(c):
   c.loss.update(beta_start=0.05, beta_end=0.05, beta_anneal_steps=1, beta_switch_step=1)
   # lr 1.5e-5 decayed to 0 by a cosine over the run (decay_steps 0: num_train_steps), no
   # clipping (issue 25; BENCHMARKS, "A decaying lr without clipping" and "Paced searchers
-  # with the decaying lr"). Constant lr: every run dipped after its first peak (the policy's
-  # entropy falls to ~0.1 nats and updates of 1-4 nats flip near-miss answers, wrong then in
-  # every sample) and a run ended wherever the last dip left it (0.871 after 25 minutes).
-  # Decayed, the runs end after the recovery (0.918-0.926 after 25 minutes; 90 steps within
-  # 0.03 of the peak). No clipping: TB's gradient norm is 20-5,000, so a clip at 1 bound at
-  # every step and made a solved batch move the weights as far as an informative one;
-  # without it 0.9 came at 0.73-0.77x TRL's time, with it 1.33x. 2e-5 constant fell harder.
+  # with the decaying lr"). At a constant lr every run fell after its first peak (the
+  # policy's entropy drops to ~0.1 nats a token, and updates of up to 4 nats flip near-miss
+  # answers, then wrong in every sample) and ended wherever the last fall left it (0.871
+  # after 25 minutes). Decayed, runs still fall in the middle but end after the recovery
+  # (0.918-0.941 after 25 minutes; 90 steps within 0.03 of the peak). No clipping: TB's
+  # gradient norm is 20-5,000, so a clip at 1 bound at every step and made a solved batch
+  # move the weights as far as an informative one; without it 0.9 came at 0.73-0.77x TRL's
+  # time, with it 1.33x. 2e-5 constant fell harder.
   c.optim.update(learning_rate=1.5e-5, schedule="cosine", warmup_steps=0, decay_steps=0,
                  grad_clip_norm=0.0)
   # K = 8 samples per prompt (TRL's 4 x 8), not 4 (issue 25; BENCHMARKS, "K = 8"): with 4
