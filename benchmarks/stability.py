@@ -35,7 +35,7 @@ ARMS = {
     "cosine_no_clip_paced": ["optim.grad_clip_norm=0", "optim.learning_rate=1.5e-5",
                              "optim.schedule=cosine", "optim.warmup_steps=0",
                              "optim.decay_steps=0", "sync.paced=true"],
-    # and TB's residuals under a Huber loss at 4 nats (a wrong sample's gradient weight 8, not ~40)
+    # and TB's residuals under a Huber loss at 4 nats (a wrong sample's gradient weight 8, not ~35)
     "cosine_no_clip_huber": ["optim.grad_clip_norm=0", "optim.learning_rate=1.5e-5",
                              "optim.schedule=cosine", "optim.warmup_steps=0",
                              "optim.decay_steps=0", "loss.residual_clip=4"],
