@@ -203,9 +203,7 @@ def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Arr
 
   log_z_from_behaviour (TBA-prime's TB): VarGrad's estimate from d with the
   behaviour log-probs in place of the policy's (module docstring).
-
-  residual_clip (default None = off): the Huber loss of each residual at c in place of
-  its square (equal within +-c; beyond, 2 c |residual| - c^2, whose gradient is 2 c sign).
+  residual_clip (default None = off): the Huber loss at c (module docstring).
   """
   policy_logprobs = policy_logprobs.astype(jnp.float32)
   target = ref_weight * ref_logprobs + rewards / beta
@@ -220,13 +218,13 @@ def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Arr
     log_z = jax.lax.stop_gradient(log_z)
   residuals = log_z + d
   weights = _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip)
-  loss = jnp.mean(weights * _squared(residuals, residual_clip))
+  loss = jnp.mean(weights * _residual_penalty(residuals, residual_clip))
   kl = jnp.mean(jax.lax.stop_gradient(policy_logprobs - ref_logprobs))
   return loss, TBAux(log_z=jax.lax.stop_gradient(log_z),
                      residuals=jax.lax.stop_gradient(residuals), kl=kl, weights=weights)
 
 
-def _squared(residuals, clip):
+def _residual_penalty(residuals, clip):
   """residual^2, or its Huber loss at `clip` (continuous value and gradient at +-clip)."""
   if clip is None:
     return residuals ** 2
