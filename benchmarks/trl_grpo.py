@@ -57,7 +57,7 @@ def tba_curves(workdir: str) -> dict:
     if ACC in r:
       spent += r.get("eval_seconds", 0.0)
       curves["evals"].append((max(r["wall_time"] - spent, 0.0), r[ACC], r.get(SE, float("nan"))))
-    elif "loss" in r:
+    if "loss" in r:  # also an evaluation's row: read_jsonl merges it into its step's
       # tba_jax's kl is a per-sequence sum of log pi - log pi_ref: per token here, as TRL's.
       per_token = r["kl"] * sum(r["staleness_hist"]) / max(r["completion_tokens"], 1)
       curves["train"].append((r["wall_time"] - spent, r["step"], per_token, r["reward_mean"]))
