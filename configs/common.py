@@ -127,6 +127,9 @@ def base() -> ml_collections.ConfigDict:
       # TB only: > 0 = the Huber loss of each residual at this many nats (its gradient weight
       # capped at 2c) instead of its square
       residual_clip=key(0.0, ">= 0"),
+      # TB only: > 0 = plus this coefficient (reward units, as GRPO's kl_coef) times a per-token
+      # k3 KL to the reference, which holds where a prompt's samples are all alike (losses.py)
+      token_kl_coef=key(0.0, ">= 0"),
       kl_coef=key(0.04, ">= 0"),  # GRPO / RLOO / ratio only
       ref_reset_every=key(0, ">= 0"),  # > 0: the reference becomes the current policy every N steps
       # TB's target at step u: [log pi_ref / gamma(u) + r / beta(u)] / tau(u), gamma and tau

@@ -465,7 +465,8 @@ def encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, l
 LOSSES = {
     "tb": lambda lo: functools.partial(train_step.tb_loss, ratio_clip=lo.ratio_clip or None,
                                        log_z_from_behaviour=lo.log_z == "behaviour",
-                                       residual_clip=lo.residual_clip or None),
+                                       residual_clip=lo.residual_clip or None,
+                                       token_kl_coef=lo.token_kl_coef or None),
     # the paper's Proximal RLOO baseline (PPO eps)
     "rloo": lambda lo: functools.partial(train_step.rloo_loss, ratio_clip=lo.ratio_clip or 0.2),
     "grpo": lambda lo: functools.partial(train_step.grpo_loss, clip_eps=lo.ratio_clip or 0.2),

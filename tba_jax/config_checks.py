@@ -162,9 +162,9 @@ def _problems(config) -> Iterable[str]:
   if get("loss.log_z") != "vargrad" and get("loss.name") != "tb":
     yield (f"loss.log_z={get('loss.log_z')!r}: only with loss.name='tb' (not "
            f"{get('loss.name')!r})")
-  if get("loss.residual_clip") and get("loss.name") != "tb":
-    yield (f"loss.residual_clip={get('loss.residual_clip')!r}: only with loss.name='tb' (not "
-           f"{get('loss.name')!r})")
+  for tb_only in ("loss.residual_clip", "loss.token_kl_coef"):
+    if get(tb_only) and get("loss.name") != "tb":
+      yield f"{tb_only}={get(tb_only)!r}: only with loss.name='tb' (not {get('loss.name')!r})"
   if get("task.name") == "redteam":
     yield from _redteam_problems(config)
   if get("model.path") == "random" and not get("model.tokenizer"):

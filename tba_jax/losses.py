@@ -29,6 +29,13 @@ Switches (each defaults to the TBA paper's behaviour):
   residual (its square within +-c, linear beyond), so a sequence's gradient weight is
   2 clip(residual, -c, c): a wrong completion sampled where the policy is mostly right
   (residual about r / beta) pushes as hard as one c nats off, not 20. Default None.
+- Per-token KL (train_step.tb_loss's `token_kl_coef` c): adds (2 / beta) c mean_j sum_t
+  k3_t(y_j), so the gradient is REINFORCE on A_j minus c times each token's KL penalty,
+  GRPO's shape in reward units. TB's own KL term lives in A_j, mean-baselined per prompt:
+  in a group of identical completions it vanishes with the reward signal and nothing holds
+  the policy near pi_ref there; this term does not. Its gradient is that of a forward,
+  mass-covering KL(pi_ref || pi_theta) per token (token_k3), so the fixed point moves
+  from pi* toward pi_ref by c against the rewards' 1. Default off.
 - beta schedule: `linear_beta` (the authors' anneal, with its (u - 1)
   convention and optional abrupt switch) or `constant_beta`.
 - Tempered target (red-teaming; Lee et al., GFNOrg/red-teaming gfn_trainer.py
@@ -325,6 +332,18 @@ def rloo(policy_logprobs: Array, ref_logprobs: Array, rewards: Array, group_ids:
                        clip_fraction=jnp.mean(clipped < unclipped))
 
 
+def token_k3(policy_logprobs: Array, ref_logprobs: Array, mask: Array) -> Array:
+  """[N, T] per-token k3 estimate exp(ref - pi) - (ref - pi) - 1 of KL(pi_theta || pi_ref)
+  (Schulman's; >= 0), zero where mask is 0. The log-ratio is zeroed there BEFORE exp: an
+  overflow at padding would turn into a NaN gradient even though it is masked out.
+
+  On tokens sampled from pi_theta its gradient is that of KL(pi_ref || pi_theta) at each
+  position: -sum_v pi_ref(v) grad log pi_theta(v), which keeps mass where pi_ref has it.
+  """
+  log_ref_ratio = jnp.where(mask > 0, ref_logprobs - policy_logprobs.astype(jnp.float32), 0.0)
+  return jnp.exp(log_ref_ratio) - log_ref_ratio - 1.0
+
+
 class GRPOAux(NamedTuple):
   advantages: Array     # [N] group-normalised rewards
   kl: Array             # scalar: mean per-token k3 estimate of KL(pi_theta || pi_ref)
@@ -356,8 +375,7 @@ def grpo(policy_logprobs: Array, behaviour_logprobs: Array, ref_logprobs: Array,
   clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
   adv = advantages[:, None]
   surrogate = jnp.minimum(ratio * adv, clipped * adv)
-  log_ref_ratio = jnp.where(counted, ref_logprobs - lp, 0.0)
-  kl = jnp.exp(log_ref_ratio) - log_ref_ratio - 1.0
+  kl = token_k3(lp, ref_logprobs, mask)
   num_tokens = jnp.maximum(jnp.sum(counted, axis=-1), 1)
   per_sequence = masked_sum(-(surrogate - beta * kl), mask) / num_tokens
   total_tokens = jnp.maximum(jnp.sum(counted), 1)

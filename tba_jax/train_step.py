@@ -102,10 +102,12 @@ def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
             ratio_clip: float | None = None, ref_weight: jax.Array | float = 1.0,
             log_z: jax.Array | None = None,
             log_z_from_behaviour: bool = False,
-            residual_clip: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+            residual_clip: float | None = None,
+            token_kl_coef: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
   """VarGrad TB on sequence sums over completion_mask (losses.trajectory_balance);
   `log_z` [N]: a learned log Z per row instead; log_z_from_behaviour: VarGrad's
-  estimate from the behaviour log-probs (TBA-prime); residual_clip: Huber at c."""
+  estimate from the behaviour log-probs (TBA-prime); residual_clip: Huber at c;
+  token_kl_coef: plus a per-token k3 KL to the reference (losses.py)."""
   loss, aux = _sequence_loss(losses.trajectory_balance, token_logprobs, batch, beta, ratio_clip,
                              ref_weight=ref_weight, log_z=log_z,
                              log_z_from_behaviour=log_z_from_behaviour,
@@ -115,6 +117,12 @@ def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
              "residual_abs_mean": jnp.mean(jnp.abs(aux.residuals))}
   if residual_clip is not None:
     metrics["residual_clip_fraction"] = jnp.mean(jnp.abs(aux.residuals) > residual_clip)
+  if token_kl_coef is not None:
+    k3 = losses.masked_sum(losses.token_k3(token_logprobs, batch.ref_logprobs,
+                                           batch.completion_mask), batch.completion_mask)
+    loss = loss + 2.0 / beta * token_kl_coef * jnp.mean(k3)
+    metrics["token_k3"] = jax.lax.stop_gradient(jnp.sum(k3) / jnp.maximum(
+        jnp.sum(batch.completion_mask), 1.0))
   return loss, metrics
 
 

@@ -58,7 +58,7 @@ def test_red_teaming_settings_are_checked():
   c.buffer.num_prompts = 2
   c.sampler.min_new_tokens = c.sampler.max_new_tokens
   c.sampler.explore_low = 3.0
-  c.loss.update(name="grpo", log_z="learned", residual_clip=2.0)
+  c.loss.update(name="grpo", log_z="learned", residual_clip=2.0, token_kl_coef=0.05)
   with pytest.raises(ConfigError) as e:
     config_checks.validate(c)
   assert str(e.value).splitlines()[1:] == [
@@ -66,6 +66,7 @@ def test_red_teaming_settings_are_checked():
       "  sampler.min_new_tokens=8: must be < sampler.max_new_tokens=8 with end_with_eos",
       "  loss.log_z='learned': only with loss.name='tb' (not 'grpo')",
       "  loss.residual_clip=2.0: only with loss.name='tb' (not 'grpo')",
+      "  loss.token_kl_coef=0.05: only with loss.name='tb' (not 'grpo')",
       "  task.redteam.judge='perspective': must be one of ('classifier', 'llama_guard', "
       "'profanity_check')",
       "  buffer.num_prompts: must be 1 for red-teaming (one attack prompt; a batch is one slot "
@@ -90,7 +91,7 @@ def _outside(check: str):
 
 def test_every_key_that_had_a_check_has_one_beside_its_default():
   """The checks live in the config file now (configs/common.py); none was lost."""
-  assert len(ENUMERATED) == 15 and len(RANGED) == 76
+  assert len(ENUMERATED) == 15 and len(RANGED) == 77
   assert config_checks.CHECKS["task.prompt_style"] is config_checks.prompt_style
   assert config_checks.CHECKS["model.lora.targets"] is config_checks.lora_targets
 

@@ -135,6 +135,52 @@ def test_residual_clip_is_huber_on_the_residual_with_capped_gradient():
                                    residual_clip=float(size.max()) + 1)[0]
   np.testing.assert_allclose(wide, plain, rtol=1e-6)
 
+def _token_batch(rng, identical: bool):
+  """Two groups of 3 rows x 5 completion columns (the last rows shorter), per-token log-probs."""
+  from tba_jax.batch import TrainBatch
+  n, t = 6, 5
+  mask = np.ones((n, t), np.float32)
+  mask[[2, 5], 3:] = 0.0
+  ref = rng.normal(-1.5, 0.7, (n, t)).astype(np.float32)
+  policy = np.where(mask > 0, rng.normal(-0.4, 0.3, (n, t)), 0.0).astype(np.float32)
+  if identical:  # each group's three samples are one completion, with one reward
+    ref, policy, mask = (np.repeat(x[::3], 3, axis=0) for x in (ref, policy, mask))
+  rewards = np.float32([1, 1, 1, 0, 0, 0] if identical else [1, 0, 1, 0, 0, 0])
+  ints = np.zeros((n, 8), np.int32)
+  batch = TrainBatch(tokens=ints, attention_mask=ints, completion_mask=mask, ref_logprobs=ref,
+                     behaviour_logprobs=policy, rewards=rewards,
+                     group_ids=np.repeat(np.int32([5, 9]), 3), prompt_ids=np.zeros(n, np.int32),
+                     versions=np.zeros(n, np.int32))
+  return policy, batch
+
+
+def test_token_kl_adds_the_k3_penalty_and_pulls_identical_groups_to_the_reference():
+  from tba_jax import train_step
+  beta, c = 0.05, 0.03
+  policy, batch = _token_batch(np.random.default_rng(7), identical=False)
+  mask, ref = batch.completion_mask, batch.ref_logprobs
+  k3 = np.where(mask > 0, np.exp(ref - policy) - (ref - policy) - 1, 0.0)
+  assert (k3 >= 0).all() and (k3[mask > 0] > 0).all()
+  np.testing.assert_allclose(losses.token_k3(policy, ref, mask), k3, rtol=1e-5, atol=1e-6)
+  plain = lambda p: train_step.tb_loss(p, batch, beta)[0]
+  fn = lambda p: train_step.tb_loss(p, batch, beta, token_kl_coef=c)
+  loss, metrics = fn(policy)
+  np.testing.assert_allclose(loss, plain(policy) + 2 / beta * c * k3.sum(1).mean(), rtol=1e-5)
+  np.testing.assert_allclose(metrics["token_k3"], k3.sum() / mask.sum(), rtol=1e-5)
+  # d k3 / d log pi = 1 - pi_ref / pi at each counted token, scaled as TB's (2 / (beta N)).
+  extra = np.where(mask > 0, 2 / beta * c / len(mask) * (1 - np.exp(ref - policy)), 0.0)
+  np.testing.assert_allclose(jax.grad(lambda p: fn(p)[0])(policy) - jax.grad(plain)(policy),
+                             extra, rtol=1e-4, atol=1e-6)
+  # Identical samples in each group: VarGrad's residuals are all 0, so plain TB has no gradient
+  # at all; with the penalty every token moves toward the reference (down where pi > pi_ref).
+  policy, batch = _token_batch(np.random.default_rng(8), identical=True)
+  assert not np.asarray(jax.grad(plain)(policy)).any()
+  grad = np.asarray(jax.grad(lambda p: fn(p)[0])(policy))
+  above = (batch.completion_mask > 0) & (policy > batch.ref_logprobs)
+  assert above.any() and (grad[above] > 0).all()
+  assert (grad[batch.completion_mask == 0] == 0).all()
+
+
 @pytest.mark.parametrize("beta_0,beta_final,d,stop", [(0.014, 0.004, 500, 500),
                                                       (1.0, 0.05, 128, 32)])
 def test_linear_beta_matches_authors_schedule(beta_0, beta_final, d, stop):
