@@ -29,6 +29,8 @@ ARMS = {
     "base": [],              # the recipe: lr 1.5e-5 cosine to 0, no clipping, paced, K = 8
     "cosine_no_clip": ["sync.paced=false"],          # the recipe, unpaced
     "residual_clip": ["loss.residual_clip=4"],       # TB's residuals under a Huber loss at 4 nats
+    "token_kl": ["loss.token_kl_coef=0.05"],         # plus a per-token k3 KL to the reference
+    "behaviour_log_z": ["loss.log_z=behaviour"],     # VarGrad's log Z from the sampling policy
     # the recipe before, and one change each
     "before": BEFORE,                                # lr 1e-5 constant, clip 1, unpaced
     "paced": BEFORE + ["sync.paced=true"],           # searchers sample only a window's prompts
