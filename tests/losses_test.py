@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tba_jax import losses
+from tba_jax import losses, train_step
+from tba_jax.batch import TrainBatch
 
 # Ids are arbitrary (negative, large, non-contiguous); group sizes 1..5; the
 # rows are shuffled so no group is contiguous.
@@ -114,7 +115,6 @@ def authors_beta(u, beta_0, beta_final, d, stop):
   return beta_final * (u - 1) / d + beta_0 * (1 - (u - 1) / d) if u < stop else beta_final
 
 
-
 def test_residual_clip_is_huber_on_the_residual_with_capped_gradient():
   policy, ref, _, rewards, ids = random_inputs(6)
   beta, clip = 0.4, 1.5
@@ -135,9 +135,9 @@ def test_residual_clip_is_huber_on_the_residual_with_capped_gradient():
                                    residual_clip=float(size.max()) + 1)[0]
   np.testing.assert_allclose(wide, plain, rtol=1e-6)
 
+
 def _token_batch(rng, identical: bool):
   """Two groups of 3 rows x 5 completion columns (the last rows shorter), per-token log-probs."""
-  from tba_jax.batch import TrainBatch
   n, t = 6, 5
   mask = np.ones((n, t), np.float32)
   mask[[2, 5], 3:] = 0.0
@@ -155,7 +155,6 @@ def _token_batch(rng, identical: bool):
 
 
 def test_token_kl_adds_the_k3_penalty_and_pulls_identical_groups_to_the_reference():
-  from tba_jax import train_step
   beta, c = 0.05, 0.03
   policy, batch = _token_batch(np.random.default_rng(7), identical=False)
   mask, ref = batch.completion_mask, batch.ref_logprobs
