@@ -166,7 +166,8 @@ def _cpu(c):
   # on 2 shared cores the trainer is not slowed by samples it never takes (unpaced, the
   # searcher sampled about twice what was trained): a step takes ~8.5 s instead of 13-16
   # on a 2-core EPYC, and 0.9 came at 301 and 379 s of training in two seeds (0.62x and
-  # 0.78x TRL's), where unpaced at 374 s.
+  # 0.78x TRL's), where unpaced at 374 s. Async runs differ from run to run: seed 0 again,
+  # in a later session, reached 0.9 at 555 s (BENCHMARKS, "Two regularisers").
   c.sync.update(every=2, paced=True)
   # The sampler-vs-trainer check every 4th searcher batch, not every one: it is a third
   # forward pass per batch (8.1 s a batch instead of 11.1 here), and in every run of

@@ -337,8 +337,9 @@ def token_k3(policy_logprobs: Array, ref_logprobs: Array, mask: Array) -> Array:
   (Schulman's; >= 0), zero where mask is 0. The log-ratio is zeroed there BEFORE exp: an
   overflow at padding would turn into a NaN gradient even though it is masked out.
 
-  On tokens sampled from pi_theta its gradient is that of KL(pi_ref || pi_theta) at each
-  position: -sum_v pi_ref(v) grad log pi_theta(v), which keeps mass where pi_ref has it.
+  On tokens sampled from pi_theta its expected gradient is that of KL(pi_ref || pi_theta)
+  at each position, -sum_v pi_ref(v) grad log pi_theta(v), which keeps mass where pi_ref
+  has it.
   """
   log_ref_ratio = jnp.where(mask > 0, ref_logprobs - policy_logprobs.astype(jnp.float32), 0.0)
   return jnp.exp(log_ref_ratio) - log_ref_ratio - 1.0

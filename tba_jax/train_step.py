@@ -121,8 +121,7 @@ def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
     k3 = losses.masked_sum(losses.token_k3(token_logprobs, batch.ref_logprobs,
                                            batch.completion_mask), batch.completion_mask)
     loss = loss + 2.0 / beta * token_kl_coef * jnp.mean(k3)
-    metrics["token_k3"] = jax.lax.stop_gradient(jnp.sum(k3) / jnp.maximum(
-        jnp.sum(batch.completion_mask), 1.0))
+    metrics["token_k3"] = jnp.sum(k3) / jnp.maximum(jnp.sum(batch.completion_mask), 1.0)
   return loss, metrics
 
 
