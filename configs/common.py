@@ -154,6 +154,7 @@ def base() -> ml_collections.ConfigDict:
       decay_steps=key(600, ">= 0"),  # off at step 700, as in the paper's run)
       # "linear": the lr reaches 0 at this step (0: num_train_steps)
       linear_decay_steps=key(0, ">= 0"),
+      final_lr=key(0.0, ">= 0"),  # wsd / linear / cosine: the lr the decay ends at and keeps
       weight_decay=key(0.0, ">= 0"),
       b1=key(0.9, "[0, 1]"),
       b2=key(0.999, "[0, 1]"),

@@ -529,11 +529,11 @@ def _tempered(loss_cfg) -> bool:
 # optim.schedule -> fn(optim section, num_train_steps) -> lr(u).
 SCHEDULES = {
     "wsd": lambda o, n: train_step.warmup_stable_decay(o.learning_rate, o.warmup_steps,
-                                                       o.stable_steps, o.decay_steps),
+                                                       o.stable_steps, o.decay_steps, o.final_lr),
     "linear": lambda o, n: train_step.warmup_linear(o.learning_rate, o.warmup_steps,
-                                                    o.linear_decay_steps or n),
+                                                    o.linear_decay_steps or n, o.final_lr),
     "cosine": lambda o, n: train_step.warmup_cosine(o.learning_rate, o.warmup_steps,
-                                                    o.decay_steps or n),
+                                                    o.decay_steps or n, o.final_lr),
     "constant": lambda o, n: lambda step: o.learning_rate,
 }
 

@@ -40,6 +40,17 @@ def test_a_cosine_lr_is_given_where_it_ends_not_at_the_wsd_phases():
       "9.985e-06 @1 -> 5e-06 @20 -> 0 @40 -> 0 @50 -> 0 @100 (cosine)"
 
 
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "wsd"])
+def test_every_decay_ends_at_optim_final_lr_and_stays_there(schedule):
+  c = gsm8k_config.get_config("cpu")
+  c.optim.update(schedule=schedule, learning_rate=1e-5, warmup_steps=0, stable_steps=0,
+                 decay_steps=40, linear_decay_steps=40, final_lr=1e-6)
+  lr = config_builders.lr_schedule(c.optim, 100)
+  assert float(lr(20)) == pytest.approx(5.5e-6)  # halfway: (1e-5 + 1e-6) / 2
+  assert [float(lr(u)) for u in (40, 41, 100, 10_000)] == pytest.approx([1e-6] * 4)
+  assert all(float(lr(u)) > float(lr(u + 1)) for u in range(1, 40))
+
+
 @pytest.mark.parametrize("n,text", [(7, "7"), (41_912, "41.9K"), (103_488, "103K"),
                                     (999_999, "1M"), (4_882_432, "4.88M"),
                                     (134_515_008, "135M"), (1_235_814_400, "1.24B")])
