@@ -10,11 +10,11 @@ variant has not been measured yet):
           dequantised to float32) on offline single-digit + and * problems, 1
           trainer + 1 searcher on 2 CPU devices. No network needed.
             python -m experiments.gsm8k --config configs/gsm8k.py:cpu --workdir /tmp/tba_cpu
-          Hardware: 2-core CPU (AMD EPYC, no accelerator). Measured 2026-12-04, seed 0,
-          compilation cache warm: 7 min 36 s wall-clock for 30 steps with 3
+          Hardware: 2-core CPU (AMD EPYC, no accelerator). Measured 2026-12-05, seed 0,
+          compilation cache warm: 3 min 21 s wall-clock for 30 steps with 3
           evaluations and the export; held-out sampled accuracy (32 problems x 2
-          samples, T = 0.7) 0.297 at the start, 0.906 at step 15, 0.953 at the end.
-          90 steps (32 x 8 samples): peak 0.949, end 0.949 (BENCHMARKS.md, issue 25).
+          samples, T = 0.7) 0.297 at the start, 0.922 at step 15, 0.938 at the end.
+          90 steps (32 x 8 samples): peak 0.984, end 0.984 (BENCHMARKS.md, issue 25).
 
   rho1b   The paper's Figure 1 run as the authors ran it (bbartoldson/TBA; the table
           below gives every setting next to theirs): RhoMath-1B SFT, bfloat16
@@ -143,18 +143,21 @@ def _cpu(c):
   c.sampler.update(max_new_tokens=32, num_samples_per_prompt=8, num_prompts_per_batch=4,
                    length_buckets=4)
   c.loss.update(beta_start=0.05, beta_end=0.05, beta_anneal_steps=1, beta_switch_step=1)
-  # lr 1.5e-5 decayed to 0 by a cosine over the run (decay_steps 0: num_train_steps), no
-  # clipping (issue 25; BENCHMARKS, "A decaying lr without clipping" and "Paced searchers
-  # with the decaying lr"). At a constant lr every run fell after its first peak (the
-  # policy's entropy drops to ~0.1 nats a token, and updates of up to 4 nats flip near-miss
-  # answers, then wrong in every sample) and ended wherever the last fall left it (0.871
-  # after 25 minutes). Decayed, runs still fall in the middle but end after the recovery
-  # (0.918-0.941 after 25 minutes; 90 steps within 0.03 of the peak). No clipping: TB's
-  # gradient norm is 20-5,000, so a clip at 1 bound at every step and made a solved batch
-  # move the weights as far as an informative one; without it 0.9 came at 0.73-0.77x TRL's
-  # time, with it 1.33x. 2e-5 constant fell harder.
-  c.optim.update(learning_rate=1.5e-5, schedule="cosine", warmup_steps=0, decay_steps=0,
-                 grad_clip_norm=0.0)
+  # lr 1.5e-5, decayed by a cosine to 1.5e-6 over the first 40 updates and held there; no
+  # clipping (issue 25; BENCHMARKS, "A short decay"). The policy's entropy collapses by step
+  # ~15 (~0.1 nats a token), and from then on an update at a high lr moves a
+  # near-deterministic policy by up to 4 nats and flips near-miss answers, wrong in every
+  # sample. At a constant lr every run fell after its first peak and ended wherever the
+  # last fall left it (0.871 after 25 minutes); decayed over the whole run (120 updates)
+  # every run still fell in its middle, to 0.63-0.68 at steps 25-45 while the lr was still
+  # >= 5.7e-6. Decayed over 40 updates the climb is as fast and no run fell: over 25
+  # minutes 0.9 at 0.47x and 0.32x TRL's time in the same session (two seeds), final 0.957
+  # and 0.969 (TRL 0.973); 90 steps end at their peak, 0.984. No clipping: TB's gradient
+  # norm is 20-5,000, so a clip at 1 bound at every step and made a solved batch move the
+  # weights as far as an informative one (0.9 at 1.33x TRL's time with it, 0.73-0.77x
+  # without).
+  c.optim.update(learning_rate=1.5e-5, schedule="cosine", warmup_steps=0, decay_steps=40,
+                 final_lr=1.5e-6, grad_clip_norm=0.0)
   # K = 8 samples per prompt (TRL's 4 x 8), not 4 (issue 25; BENCHMARKS, "K = 8"): with 4
   # samples a group the VarGrad log Z estimate and each update are noisier and a window
   # trains twice on its 4 latest prompts; at K = 4 a 25-minute run fell from 0.82 to 0.42
@@ -164,10 +167,8 @@ def _cpu(c):
   c.buffer.update(num_prompts=4, samples_per_prompt=8, prefill=32)
   # Paced (sync.paced): the searcher samples a window's prompts and waits for the merge, so
   # on 2 shared cores the trainer is not slowed by samples it never takes (unpaced, the
-  # searcher sampled about twice what was trained): a step takes ~8.5 s instead of 13-16
-  # on a 2-core EPYC, and 0.9 came at 301 and 379 s of training in two seeds (0.62x and
-  # 0.78x TRL's), where unpaced at 374 s. Async runs differ from run to run: seed 0 again,
-  # in a later session, reached 0.9 at 555 s (BENCHMARKS, "Two regularisers").
+  # searcher sampled about twice what was trained): a step took ~8.5 s instead of 13-16 on
+  # a 2-core EPYC (BENCHMARKS, "Paced searchers with the decaying lr").
   c.sync.update(every=2, paced=True)
   # The sampler-vs-trainer check every 4th searcher batch, not every one: it is a third
   # forward pass per batch (8.1 s a batch instead of 11.1 here), and in every run of
