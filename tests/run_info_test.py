@@ -34,7 +34,8 @@ def test_an_annealed_schedule_is_given_where_it_bends():
 
 def test_a_cosine_lr_is_given_where_it_ends_not_at_the_wsd_phases():
   c = gsm8k_config.get_config("cpu")
-  c.optim.update(schedule="cosine", learning_rate=1e-5, warmup_steps=0, decay_steps=40)
+  c.optim.update(schedule="cosine", learning_rate=1e-5, warmup_steps=0, decay_steps=40,
+                 final_lr=0.0)
   c.num_train_steps = 100
   lr = config_builders.lr_schedule(c.optim, c.num_train_steps)
   assert run_info.schedules(c, lambda u: 0.05, lambda u: float(lr(u)))["lr"] == \
