@@ -26,9 +26,10 @@ BEFORE = ["optim.learning_rate=1e-5", "optim.schedule=constant", "optim.grad_cli
 
 # name -> overrides of the cpu recipe.
 ARMS = {
-    "base": [],              # the recipe: lr 1.5e-5 cosine to 1.5e-6 over 40 updates, no
+    "base": [],              # the recipe: lr 1.5e-5 cosine to 5e-7 over 40 updates, no
                              # clipping, paced, K = 8
     "long_decay": ["optim.decay_steps=0", "optim.final_lr=0"],  # the cosine over the whole run
+    "floor_1.5e-6": ["optim.final_lr=1.5e-6"],       # the floor before (2026-12-05)
     "cosine_no_clip": ["sync.paced=false"],          # the recipe, unpaced
     "residual_clip": ["loss.residual_clip=4"],       # TB's residuals under a Huber loss at 4 nats
     "token_kl": ["loss.token_kl_coef=0.05"],         # plus a per-token k3 KL to the reference
