@@ -11,10 +11,10 @@ variant has not been measured yet):
           trainer + 1 searcher on 2 CPU devices. No network needed.
             python -m experiments.gsm8k --config configs/gsm8k.py:cpu --workdir /tmp/tba_cpu
           Hardware: 2-core CPU (AMD EPYC, no accelerator). Measured 2026-12-05, seed 0,
-          compilation cache warm: 3 min 21 s wall-clock for 30 steps with 3
+          compilation cache warm: 3 min 30 s wall-clock for 30 steps with 3
           evaluations and the export; held-out sampled accuracy (32 problems x 2
-          samples, T = 0.7) 0.297 at the start, 0.922 at step 15, 0.938 at the end.
-          90 steps (32 x 8 samples): peak 0.984, end 0.984 (BENCHMARKS.md, issue 25).
+          samples, T = 0.7) 0.297 at the start, 0.938 at step 15, 0.953 at the end.
+          90 steps (32 x 8 samples): peak 0.980, end 0.980 (BENCHMARKS.md, issue 25).
 
   rho1b   The paper's Figure 1 run as the authors ran it (bbartoldson/TBA; the table
           below gives every setting next to theirs): RhoMath-1B SFT, bfloat16
@@ -153,7 +153,8 @@ def _cpu(c):
   # >= 5.7e-6. Decayed over 40 updates the climb is as fast and no run fell. The floor: at
   # 1.5e-6 the ~350 updates of a 25-minute run after the decay sum to more lr than the 40 of
   # it (5.2e-4 against 3.2e-4), and seed 0 drifted from 0.992 to 0.957; at 5e-7 it held
-  # 0.969-0.996 and ended at 0.988 (TRL 0.973), 0.9 at 0.45x TRL's time. No clipping: TB's
+  # 0.969-0.996 and ended at 0.988, seed 1 at 0.957 (TRL run in the same session: 0.953),
+  # 0.9 at 0.53x and 0.40x TRL's time; 90 steps end at their peak, 0.980. No clipping: TB's
   # gradient norm is 20-5,000, so a clip at 1 bound at every step and made a solved batch
   # move the weights as far as an informative one (0.9 at 1.33x TRL's time with it,
   # 0.73-0.77x without).
