@@ -153,11 +153,11 @@ def _cpu(c):
   # >= 5.7e-6. Decayed over 40 updates the climb is as fast and no run fell. The floor: at
   # 1.5e-6 the ~350 updates of a 25-minute run after the decay sum to more lr than the 40 of
   # it (5.2e-4 against 3.2e-4), and seed 0 drifted from 0.992 to 0.957; at 5e-7 it held
-  # 0.969-0.996 and ended at 0.988, seed 1 at 0.957 (TRL run in the same session: 0.953),
-  # 0.9 at 0.53x and 0.40x TRL's time; 90 steps end at their peak, 0.980. No clipping: TB's
-  # gradient norm is 20-5,000, so a clip at 1 bound at every step and made a solved batch
-  # move the weights as far as an informative one (0.9 at 1.33x TRL's time with it,
-  # 0.73-0.77x without).
+  # 0.969-0.996 and ended at 0.988, seeds 1 and 2 at 0.957 (TRL run in the same session:
+  # 0.953), 0.9 at 0.53x, 0.40x and 0.88x TRL's time; 90 steps end at their peak, 0.980.
+  # No clipping: TB's gradient norm is 20-5,000, so a clip at 1 bound at every step and
+  # made a solved batch move the weights as far as an informative one (0.9 at 1.33x TRL's
+  # time with it, 0.73-0.77x without).
   c.optim.update(learning_rate=1.5e-5, schedule="cosine", warmup_steps=0, decay_steps=40,
                  final_lr=5e-7, grad_clip_norm=0.0)
   # K = 8 samples per prompt (TRL's 4 x 8), not 4 (issue 25; BENCHMARKS, "K = 8"): with 4
