@@ -21,7 +21,7 @@ import jax
 import optax
 
 from tba_jax import attention, faults, hf_checkpoints, lora, losses, sharding, train_step, verifiers
-from tba_jax import host_memory, weight_sync
+from tba_jax import host_memory, paged_kv, weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.batch import Layout
 from tba_jax.errors import ConfigError, DataError
@@ -371,8 +371,13 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
     turns = (None if task.environment is None else
              (task.environment, tokenizer.encode, tokenizer.decode))
     try:
-      # sampler.kv_pages: 0 = auto (None: from the devices' memory), -1 = full rows.
-      pages = dict(kv_pages=None if s.kv_pages == 0 else max(s.kv_pages, 0),
+      # sampler.kv_pages: 0 = auto (from the devices' free memory), -1 = full rows. On
+      # devices the trainer's params live on (one device: alternate mode) the update's
+      # gradients and activations come after the pool is sized: it takes a smaller share.
+      shared = set(mesh.devices.flat) & jax.tree.leaves(params)[0].sharding.device_set
+      auto = paged_kv.AutoPages(paged_kv.SHARED_MEMORY_FRACTION if shared
+                                else paged_kv.AUTO_MEMORY_FRACTION)
+      pages = dict(kv_pages=auto if s.kv_pages == 0 else max(s.kv_pages, 0),
                    page_size=s.kv_page_size)
       rows = (StreamingRows(sampler, num_slots=s.num_slots, in_flight_updates=in_flight_updates,
                             turns=turns, **pages)

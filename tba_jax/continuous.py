@@ -85,12 +85,19 @@ class Completion:
 # ---------------------------------------------------------------------------
 # Compiled programs.
 # ---------------------------------------------------------------------------
+def _page_sharding(model_config, mesh) -> jax.sharding.NamedSharding:
+  """Pages [L,K,P,page,H]: kv heads as the cache's (over tensor), the pool whole on every
+  device of the data axis (a row's pages can be anywhere in it)."""
+  kv = sharding.cache_sharding(model_config, mesh)
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, *kv.spec[2:3]))
+
+
 def _place_cache(cache: KVCache, model_config, mesh) -> KVCache:
   rows = lambda x: jax.lax.with_sharding_constraint(
       x, sharding.batch_sharding("searcher", mesh, x.ndim))
   kv = sharding.cache_sharding(model_config, mesh)
-  if cache.page_table is not None:  # pages [L,K,P,page,H]: kv heads over tensor, the pool whole
-    kv = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, *kv.spec[2:3]))
+  if cache.page_table is not None:
+    kv = _page_sharding(model_config, mesh)
     cache = dataclasses.replace(cache, page_table=rows(cache.page_table))
   return dataclasses.replace(
       cache, k=jax.lax.with_sharding_constraint(cache.k, kv),
@@ -270,7 +277,7 @@ class Stream:
   def __init__(self, sampler: sampler_lib.Sampler, params, rng_key, *, num_slots: int,
                max_prompt_len: int, chunk_steps: int = DEFAULT_CHUNK_STEPS,
                window_step: int = DEFAULT_WINDOW_STEP, version: Any = None,
-               kv_pages: int | None = 0,
+               kv_pages: int | paged_kv.AutoPages | None = 0,
                page_size: int = paged_kv.DEFAULT_PAGE_SIZE):
     check_pool(sampler, num_slots, chunk_steps, window_step)
     if kv_pages != 0 and (page_size < 1 or window_step % page_size):
@@ -284,12 +291,19 @@ class Stream:
     # (decode writes are scatters promised to stay in bounds).
     self.cache_size = self.max_prompt_bucket + self.options.max_new_tokens
     # kv_pages > 0: the slots take pages of `page_size` cache slots from a pool of
-    # kv_pages (paged_kv.py), each row whole pages; None: as many as fit (auto_num_pages).
+    # kv_pages (paged_kv.py), each row whole pages; AutoPages (None: the default one): as
+    # many as fit (auto_num_pages).
     self.pages = None
-    if kv_pages is None:  # auto: from the free device memory (none reported, as on CPU: 0)
+    if kv_pages is None:
+      kv_pages = paged_kv.AutoPages()
+    if isinstance(kv_pages, paged_kv.AutoPages):  # none reported (as on CPU): 0
+      cfg = sampler.model_config
       row = -(-self.cache_size // page_size) * page_size
-      kv_pages = paged_kv.auto_num_pages(sampler.model_config, list(self.mesh.devices.flat),
-                                         num_slots, row, page_size)
+      # The kv heads of a page split over the tensor axis (or not: the shard's head count).
+      heads = _page_sharding(cfg, self.mesh).shard_shape((1, cfg.num_kv_heads, 1, 1, 1))[1]
+      kv_pages = paged_kv.auto_num_pages(
+          cfg, list(self.mesh.devices.flat), num_slots, row, page_size,
+          kv_shards=cfg.num_kv_heads // heads, memory_fraction=kv_pages.memory_fraction)
     if kv_pages:
       self.cache_size = -(-self.cache_size // page_size) * page_size
       self.pages = paged_kv.PageAllocator(num_slots, self.cache_size, kv_pages, page_size)
@@ -349,10 +363,13 @@ class Stream:
 
   # -- one round ---------------------------------------------------------------
   def step(self) -> list[Completion]:
-    """Refill free slots, run one decode chunk, return the rows that ended."""
-    self._refill()
+    """Refill free slots, run one decode chunk, return the rows that ended. With pages the
+    live rows first take the pages of their next chunk and new rows only what is left:
+    admitting first would hand a new row the pages a live row needs next, then take them
+    back (a preemption, its prefill and insert wasted)."""
     if self.pages is not None:
       self._page()
+    self._refill()
     live = [s for s in self.slots if s is not None]
     if not live:
       return []

@@ -14,7 +14,8 @@ and more rows fit in flight.
   host    PageAllocator: the free list and each slot's pages; unallocated table
           entries point at the slot's own scratch page (pages 0..N-1), so a
           free or ended slot's masked writes never land in another row's page
-          and every scatter's indices stay unique.
+          and a decode step's scatter indices stay unique (a prompt's insert
+          writes only its own pages: PagedKVCache.put_row).
 
 Decode reads a row's window of pages: an XLA gather into [B,K,W,H] followed by
 the model's attention (attention.py) on CPU and without Pallas, or the
@@ -36,9 +37,27 @@ import jax.numpy as jnp
 import numpy as np
 
 DEFAULT_PAGE_SIZE = 16
-# "auto" pools take this fraction of the free device memory (the rest: activations,
-# the prefill's cache, fragmentation).
+# "auto" pools take this fraction of the free memory of each of the searcher's devices
+# (the rest: activations, the prefill's cache, fragmentation).
 AUTO_MEMORY_FRACTION = 0.8
+# ... and this one where the trainer shares them (one device: alternate mode). The pool is
+# sized at the searcher's first round, before the first update, so the free memory it sees
+# still holds the update's gradients and activations, and the largest of them, the float32
+# logits of a micro-batch [rows, max_new_tokens, vocab] and their gradient, follows the
+# trainer's batch, which the searcher does not know: benchmarks/memory.py's one-device
+# `qwen` holds 7.9 GB of train state and a logits floor of 43.6 GB (6.2 GB with
+# optim.num_microbatches=7). A quarter leaves the update three quarters: on an 80 GB
+# device about 18 GB of pages, ~10x the 1.8 GB cache of that variant's static search
+# batch (computed, not measured). A run that knows its update's peak sets sampler.kv_pages.
+SHARED_MEMORY_FRACTION = 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoPages:
+  """A pool of as many pages as fit in `memory_fraction` of the free memory of each of
+  the searcher's devices (auto_num_pages): continuous.Stream's kv_pages for
+  sampler.kv_pages=0."""
+  memory_fraction: float = AUTO_MEMORY_FRACTION
 
 
 @jax.tree_util.register_dataclass
@@ -78,9 +97,17 @@ class PagedKVCache:
     """Row `slot` starts over with k/v [L,K,T,H] at its slots [0, T), `length` of them
     real (the rest stays masked and is overwritten by the completion)."""
     t = k.shape[2]
-    pages, offsets = self._where(self.page_table[slot][None], jnp.arange(t)[None])  # [1,T]
-    put = lambda buf, x: buf.at[:, :, pages[0], offsets[0]].set(
-        x.astype(buf.dtype), unique_indices=True, mode="promise_in_bounds")
+    slots = jnp.arange(t)
+    pages, offsets = self._where(self.page_table[slot][None], slots[None])  # [1,T]
+    # Only the prompt's slots [0, length) are written: they lie in the row's own pages
+    # (the host reserved them), so their (page, offset) pairs are unique. The bucket's
+    # padding after them (masked, overwritten by the completion) can reach past the row's
+    # pages, where every slot maps to its one scratch page (several bucket slots a scratch
+    # slot: no uniqueness to promise): each goes to its own page past the pool's end
+    # instead, which the scatter drops (mode="drop").
+    pages = jnp.where(slots < length, pages[0], self.k.shape[2] + slots)
+    put = lambda buf, x: buf.at[:, :, pages, offsets[0]].set(
+        x.astype(buf.dtype), unique_indices=True, mode="drop")
     s = self.mask.shape[1]
     return dataclasses.replace(self, k=put(self.k, k), v=put(self.v, v),
                                mask=self.mask.at[slot].set(jnp.arange(s) < length),
@@ -152,11 +179,14 @@ def page_bytes(cfg, page_size: int) -> int:
   return 2 * cfg.num_layers * cfg.num_kv_heads * page_size * cfg.head_dim * cfg.jnp_dtype.itemsize
 
 
-def auto_num_pages(cfg, devices, num_rows: int, row_size: int, page_size: int) -> int:
-  """sampler.kv_pages=0: the pages that fit in AUTO_MEMORY_FRACTION of the least free
-  memory of `devices` (times their count), at most what every row at full length takes
-  and at least the smallest pool (PageAllocator); 0 (no pages: full rows) where the
-  devices do not report their memory (CPU)."""
+def auto_num_pages(cfg, devices, num_rows: int, row_size: int, page_size: int, *,
+                   kv_shards: int = 1, memory_fraction: float = AUTO_MEMORY_FRACTION) -> int:
+  """The pages that fit in `memory_fraction` of the free memory of the least free of
+  `devices`, at most what every row at full length takes and at least the smallest pool
+  (PageAllocator); 0 (no pages: full rows) where the devices do not report their memory
+  (CPU). The pool is whole on every device of the data axis (continuous._page_sharding),
+  so it is what fits on one device, not their sum; `kv_shards`: the devices a page's kv
+  heads are split over (the tensor axis), each holding that share of a page."""
   free = []
   for d in devices:
     stats = d.memory_stats() or {}
@@ -164,7 +194,8 @@ def auto_num_pages(cfg, devices, num_rows: int, row_size: int, page_size: int) -
       return 0
     free.append(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
   full = num_rows + num_rows * pages_per_row(row_size, page_size)
-  fits = int(AUTO_MEMORY_FRACTION * min(free) * len(devices) // page_bytes(cfg, page_size))
+  per_device = page_bytes(cfg, page_size) / kv_shards
+  fits = int(memory_fraction * min(free) // per_device)
   return max(min(full, fits), num_rows + pages_per_row(row_size, page_size))
 
 
