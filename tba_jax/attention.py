@@ -2,12 +2,12 @@
 
   xla     the reference: jax.nn.dot_product_attention's XLA path without a cache
           and a grouped einsum over the cache slots with one (`grouped`). Exact on
-          CPU; the only one that drops attention probabilities (model.dropout) and
-          runs sliding-window layers in the training forward.
+          CPU; the only one that drops attention probabilities (model.dropout).
   cudnn   jax.nn.dot_product_attention(implementation="cudnn"): cuDNN's fused
           attention for the training forward and fresh prefills (GPU, bfloat16 or
-          float16 only); the decode step stays on `grouped` (one query per row is a
-          memory-bound read of the cache, which cuDNN's kernel does not target).
+          float16 only), given the layer's own mask (as a bias: a sliding layer's
+          window included); the decode step stays on `grouped` (one query per row
+          is a memory-bound read of the cache, which cuDNN's kernel does not target).
   pallas  the kernels JAX ships in jax.experimental.pallas.ops: on GPU the
           Triton flash attention (`gpu.attention.mha`, segment ids + causal) for
           the training forward and fresh prefills, and the split-K decode kernel
@@ -16,10 +16,14 @@
           the training forward and prefills, `grouped` for unpaged decode (the
           TPU ships decode kernels only over pages: paged_kv.py). On CPU the GPU
           kernels run in Pallas interpret mode: slow, exact, used by the tests.
-  auto    xla on CPU, cudnn on GPU (xla for a float32 model), pallas on TPU
-          (resolve()).
+          None of them takes a sliding window, so a model with sliding layers
+          refuses `pallas`.
+  auto    the first of (the device's kernel, xla) that can run the model in the
+          queries' dtype and apply every mask it has (resolve()): xla on CPU;
+          cudnn on GPU (xla for a float32 model); pallas on TPU (xla for a model
+          with sliding layers).
 
-How our masks map onto the kernels' (so the kernels need no mask array):
+How our masks map onto the Pallas kernels' (so they need no mask array):
   * training / fresh prefill: the mask is causal-by-slot AND the key slot holds a
     real token, OR the key is the query itself. With segment ids 1 for real
     tokens and 0 for padding plus the kernel's causal flag, every real query
@@ -45,35 +49,48 @@ from tba_jax.layers import dropped
 from tba_jax.model_config import ATTENTION_IMPLS as IMPLS
 _BACKENDS = {"cudnn": ("gpu",), "pallas": ("gpu", "tpu", "cpu")}
 _AUTO = {"cpu": "xla", "gpu": "cudnn", "tpu": "pallas"}
+# Backends whose training forward and prefill apply a sliding window (cuDNN through the
+# layer's mask); Pallas's flash kernels know only causal + segment ids.
+_WINDOWED = ("xla", "cudnn")
 
 
-def resolve(impl: str, backend: str | None = None, dtype=jnp.bfloat16) -> str:
-  """The backend `impl` runs as on `backend` (default: JAX's) for queries of `dtype`:
-  raises ValueError when it cannot run there. cuDNN takes no float32, so `auto` on a GPU
-  is xla for a float32 model."""
+def resolve(impl: str, backend: str | None = None, dtype=jnp.bfloat16,
+            sliding: bool = False) -> str:
+  """The backend `impl` runs as on `backend` (default: JAX's) for queries of `dtype` in a
+  model with (`sliding`) or without sliding-window layers: raises ValueError when it
+  cannot run there or cannot apply the window. `auto` falls back to xla where the
+  device's kernel cannot: cuDNN takes no float32, Pallas no window."""
   backend = backend or jax.default_backend()
   if impl not in IMPLS:
     raise ValueError(f"attention_impl={impl!r}: must be one of {', '.join(IMPLS)}")
   half = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
   if impl == "auto":
     impl = _AUTO.get(backend, "xla")
-    return "xla" if impl == "cudnn" and not half else impl
+    return "xla" if (impl == "cudnn" and not half) or (sliding and impl not in _WINDOWED) else impl
   if impl in _BACKENDS and backend not in _BACKENDS[impl]:
     raise ValueError(f"attention_impl={impl!r} needs a {' or '.join(_BACKENDS[impl])} device; "
                      f"this process's backend is {backend!r} (use 'xla' or 'auto')")
   if impl == "cudnn" and not half:
     raise ValueError(f"attention_impl='cudnn' takes bfloat16 or float16, not "
                      f"{jnp.dtype(dtype).name} (use 'xla', 'pallas' or 'auto')")
+  if sliding and impl not in _WINDOWED:
+    raise ValueError(f"attention_impl={impl!r}: its kernels apply no sliding window and this "
+                     f"model has sliding-window layers (use {', '.join(map(repr, _WINDOWED))} "
+                     "or 'auto')")
   return impl
 
 
-def check(cfg) -> None:
-  """Raises ValueError when cfg's attention_impl cannot run cfg on this backend."""
-  impl = resolve(cfg.attention_impl, dtype=cfg.jnp_dtype)
-  if impl != "xla" and cfg.sliding_layers:
-    raise ValueError(f"attention_impl={cfg.attention_impl!r}: the fused kernels have no per-layer "
-                     f"sliding window ({cfg.model_type} slides layers {cfg.sliding_layers}); use "
-                     "'xla'")
+def for_model(cfg, dtype, backend: str | None = None) -> str:
+  """The backend cfg's layers run as for queries of `dtype`: the forward's choice."""
+  return resolve(cfg.attention_impl, backend, dtype, sliding=bool(cfg.sliding_layers))
+
+
+def check(cfg, dtypes=()) -> dict[str, str]:
+  """{dtype: backend} for cfg's own dtype and every one of `dtypes` the run also computes
+  in (float32 master weights: the bfloat16 compute and published dtypes), as the forward
+  picks them; raises ValueError where cfg's attention_impl cannot run cfg on this backend."""
+  names = dict.fromkeys(jnp.dtype(d).name for d in (cfg.jnp_dtype, *dtypes))
+  return {d: for_model(cfg, d) for d in names}
 
 
 def _interpret() -> bool:
@@ -89,20 +106,22 @@ def _pad_to(x, axis: int, size: int):
   return jnp.pad(x, [(0, size - x.shape[axis] if a == axis else 0) for a in range(x.ndim)])
 
 
-def causal_attention(q, k, v, valid, scale, impl: str):
+def causal_attention(q, k, v, mask, valid, scale, impl: str):
   """Causal self-attention over a fresh sequence: q [B,T,N,H], k/v [B,S,K,H] at
-  slots [0, S) (S >= T, the queries at slots [0, T)), valid [B,S] (slot holds a
-  real token) -> [B,T,N,H]; `impl` a resolved fused backend (module doc)."""
+  slots [0, S) (S >= T, the queries at slots [0, T)), mask [B,T,S] (the layer's: causal,
+  valid keys, its window), valid [B,S] (slot holds a real token) -> [B,T,N,H]; `impl` a
+  resolved fused backend (module doc). cuDNN applies `mask`; the Pallas kernels rebuild
+  it from `valid` and their causal flag, so resolve() keeps sliding windows from them."""
   b, t, n, h = q.shape
   s, kh = k.shape[1], k.shape[2]
   scale = h ** -0.5 if scale is None else scale
   if impl == "cudnn":
     # cuDNN takes a mask (as a bias) only over even lengths: a prefill into a cache of
-    # prompt + max_new_tokens - 1 slots is often odd. Pad both with masked-out slots.
+    # prompt + max_new_tokens - 1 slots is often odd. Pad both with masked-out slots; a
+    # padding query sees itself, so no softmax runs over an empty set.
     te, se = t + t % 2, s + s % 2
-    q, k, v, valid = _pad_to(q, 1, te), _pad_to(k, 1, se), _pad_to(v, 1, se), _pad_to(valid, 1, se)
-    mask = (jnp.arange(se) <= jnp.arange(te)[:, None]) & valid[:, None, :]
-    mask = mask | (jnp.arange(se) == jnp.arange(te)[:, None])
+    q, k, v = _pad_to(q, 1, te), _pad_to(k, 1, se), _pad_to(v, 1, se)
+    mask = _pad_to(_pad_to(mask, 1, te), 2, se) | (jnp.arange(se) == jnp.arange(te)[:, None])
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale,
                                         implementation="cudnn")[:, :t]
   k, v = _repeat_kv(k, n // kh), _repeat_kv(v, n // kh)
@@ -182,7 +201,7 @@ def uncached(q, k, v, mask, valid, scale, impl: str, dropout=None):
     return grouped(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask, scale, dropout)
   if impl == "xla":  # XLA's reference attention (exact on CPU)
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale)
-  return causal_attention(q, k, v, valid, scale, impl)
+  return causal_attention(q, k, v, mask, valid, scale, impl)
 
 
 def cached(q, k, v, mask, valid, index, scale, impl: str):
@@ -195,5 +214,6 @@ def cached(q, k, v, mask, valid, index, scale, impl: str):
       return grouped(q, k, v, mask, scale)
     return decode_attention(q, k, v, mask, scale)
   # A prefill: fused when the cache was empty (every row from slot 0), else grouped.
-  fused = lambda: causal_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), valid, scale, impl)
+  fused = lambda: causal_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask, valid, scale,
+                                  impl)
   return jax.lax.cond(jnp.all(index == 0), fused, lambda: grouped(q, k, v, mask, scale))

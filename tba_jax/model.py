@@ -136,7 +136,7 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     if inv_freq is not None:
       q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-    impl = attention_lib.resolve(self.cfg.attention_impl, dtype=q.dtype)
+    impl = attention_lib.for_model(self.cfg, q.dtype)  # as attention.check picks it
     if kv is not None:
       # Write only the T new keys/values, in place, at the layer's slots from
       # `index` of the stacked buffers, then read this layer's window back. Carrying the whole

@@ -127,8 +127,9 @@ class ModelConfig(_Config):
   sliding_window: int = 0  # > 0: the sliding layers' queries see their last this-many tokens
   sliding_layers: tuple[int, ...] = ()  # indices of the layers with the sliding window
   local_rope_theta: float | None = None  # sliding layers' rope base, unscaled (None: as global)
-  # Attention kernels (attention.py): "auto" (xla on CPU, cudnn on GPU, pallas on TPU),
-  # "xla", "cudnn" or "pallas"; the numbers agree to float32 round-off.
+  # Attention kernels (attention.py): "auto" (xla on CPU, cudnn on GPU, pallas on TPU, each
+  # xla where its kernel cannot run the dtype or window), "xla", "cudnn" or "pallas"; the
+  # numbers agree to float32 round-off.
   attention_impl: str = "auto"
 
   def __post_init__(self):

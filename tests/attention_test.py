@@ -1,17 +1,26 @@
 """Attention backends (tba_jax/attention.py): every backend that runs on CPU (the
 Pallas GPU kernels in interpret mode) equals the xla path, for every architecture
-family, with LoRA, static and streaming; backends that cannot run here are refused."""
+family, with LoRA, static and streaming; backends that cannot run here, or cannot apply a
+model's sliding windows, are refused; `auto` on a GPU (faked) keeps the windows."""
 import jax
 import numpy as np
 import pytest
 
 from hf_models import make_model, padded_batch
 from tba_jax import attention, continuous, hf_checkpoints, lora, losses, model, sampler
-from tba_jax.model_config import LoRAConfig
+from tba_jax.model_config import LoRAConfig, ModelConfig
 
 # Llama (rope), GPT-NeoX (partial rotary, parallel residual, biases), GPT-2 (learned
 # positions), Qwen2 (q/k/v biases).
 FAMILIES = ["llama", "gpt_neox", "gpt2", "qwen2"]
+
+# A tiny Gemma 3: sliding layers 0 and 2 with a window of 8, far shorter than the rows.
+TINY_GEMMA3 = ModelConfig(
+    vocab_size=128, dim=64, mlp_dim=128, num_layers=4, num_heads=4, num_kv_heads=2,
+    head_dim=16, norm="rms_plus_one", qk_norm=True, post_norms=True, embed_scale=True,
+    activation="gelu_tanh", attn_scale=24 ** -0.5, final_logit_softcap=5.0, rope_theta=1e6,
+    sliding_window=8, sliding_layers=(0, 2), local_rope_theta=1e4, model_type="gemma3",
+    dtype="bfloat16")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -129,6 +138,22 @@ def test_cudnn_is_as_exact_as_xla_in_bfloat16_at_odd_lengths(tiny_cfg):
     np.testing.assert_allclose(got.logprobs[:, 0], want.logprobs[:, 0], atol=0.05)
 
 
+@on_gpu
+def test_cudnn_applies_gemma3_sliding_windows():
+  """cuDNN's bfloat16 logits for a model with sliding layers are no further from float32
+  xla's than bfloat16 xla's are (attending globally misses by units), at an odd length."""
+  cfg = TINY_GEMMA3
+  params = model.init_params(cfg.replace(dtype="float32"), 0)
+  half = jax.tree.map(lambda x: x.astype("bfloat16"), params)
+  tokens, mask = padded_batch(np.random.default_rng(0), [41, 29], "left")
+  real = mask.astype(bool)
+  exact = np.asarray(model.logits(_impl(cfg.replace(dtype="float32"), "xla"), params, tokens,
+                                  mask))[real]
+  err = {impl: np.abs(np.asarray(model.logits(_impl(cfg, impl), half, tokens, mask))[real]
+                      - exact).max() for impl in ("xla", "cudnn")}
+  assert err["cudnn"] <= 2 * err["xla"] + 1e-3, err
+
+
 def test_decode_split_fits_the_kernel():
   for s in (1, 15, 16, 37, 64, 200, 256, 300, 1024, 2100, 4096):
     splits, size = attention._decode_split(s)
@@ -147,6 +172,9 @@ def test_backends_that_cannot_run_here_are_refused(tiny_cfg):
   assert attention.resolve("auto", "tpu") == "pallas"
   assert attention.resolve("auto", "gpu") == "cudnn"
   assert attention.resolve("auto", "gpu", "float32") == "xla"  # cuDNN takes no float32
+  # Pallas's kernels apply no window; cuDNN takes the layers' masks, windows included.
+  assert attention.resolve("auto", "tpu", sliding=True) == "xla"
+  assert attention.resolve("auto", "gpu", sliding=True) == "cudnn"
   with pytest.raises(ValueError, match="'cudnn' takes bfloat16 or float16, not float32"):
     attention.resolve("cudnn", "gpu", "float32")
   with pytest.raises(ValueError, match="'cudnn' needs a gpu device; .* backend is 'cpu'"):
@@ -154,9 +182,70 @@ def test_backends_that_cannot_run_here_are_refused(tiny_cfg):
   with pytest.raises(ValueError, match="attention_impl='flash': must be one of"):
     tiny_cfg.replace(attention_impl="flash")
   sliding = tiny_cfg.replace(sliding_window=4, sliding_layers=(0,), attention_impl="pallas")
-  with pytest.raises(ValueError, match="no per-layer sliding window"):
+  with pytest.raises(ValueError, match="'pallas': its kernels apply no sliding window"):
     attention.check(sliding)
-  attention.check(sliding.replace(attention_impl="xla"))
+  with pytest.raises(ValueError, match="'pallas': its kernels apply no sliding window"):
+    attention.resolve("pallas", "gpu", sliding=True)
+  assert attention.check(sliding.replace(attention_impl="xla")) == {"float32": "xla"}
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+  """This process reports a GPU, and cuDNN's attention runs as XLA's on the same
+  arguments (mask included): a CPU run of what `auto` does on a GPU. Yields the list of
+  implementations the forward asked jax.nn.dot_product_attention for (None: XLA's)."""
+  asked, dot_product_attention = [], jax.nn.dot_product_attention
+
+  def fake(*args, implementation=None, **kw):
+    asked.append(implementation)
+    return dot_product_attention(*args, implementation=None, **kw)
+
+  # Programs traced for one backend are not reused for the other: caches dropped both ways.
+  jax.clear_caches()
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(jax.nn, "dot_product_attention", fake)
+  yield asked
+  jax.clear_caches()
+
+
+def test_auto_on_a_gpu_keeps_gemma3_sliding_windows_in_bfloat16(fake_gpu):
+  """`auto` picks cuDNN on a GPU for bfloat16 queries: its forward must apply the
+  sliding layers' windows as xla does (it once attended globally there while decode
+  slid: the trainer's log-probs were not the sampling policy's), in training, scoring
+  and the prefill of generation."""
+  cfg = TINY_GEMMA3
+  params = jax.tree.map(lambda x: x.astype("bfloat16"),
+                        model.init_params(cfg.replace(dtype="float32"), 0))
+  tokens, mask = padded_batch(np.random.default_rng(0), [40, 29], "left")
+  logits = {impl: np.asarray(model.logits(_impl(cfg, impl), params, tokens, mask))
+            for impl in ("xla", "auto")}
+  assert fake_gpu.count("cudnn") == 1  # auto's forward ran cuDNN's arguments
+  np.testing.assert_array_equal(logits["auto"], logits["xla"])
+  prompts = [list(range(3, 43)), [5, 9, 17, 33, 4, 8, 60]]  # a cache of 40 + 5 slots (odd)
+  kw = dict(max_new_tokens=6, greedy=True)
+  want = sampler.generate(_impl(cfg, "xla"), params, prompts, **kw)
+  got = sampler.generate(_impl(cfg, "auto"), params, prompts, **kw)
+  assert fake_gpu.count("cudnn") == 2  # the prefill's
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_array_equal(got.logprobs, want.logprobs)
+
+
+def test_check_picks_the_forwards_backend_in_every_dtype_the_run_computes_in(tiny_cfg, fake_gpu):
+  """float32 master weights with bfloat16 compute: check answers for both dtypes what
+  the forward then runs (it once resolved with the master dtype alone: xla, while the
+  bfloat16 forward ran cuDNN)."""
+  master = tiny_cfg.replace(attention_impl="auto")
+  params = model.init_params(master, 0)
+  tokens = np.arange(3, 15)[None]
+  ran = {}
+  for dtype in ("float32", "bfloat16"):
+    fake_gpu.clear()
+    model.logits(master.replace(dtype=dtype), jax.tree.map(lambda x: x.astype(dtype), params),
+                 tokens)
+    ran[dtype] = "xla" if set(fake_gpu) == {None} else fake_gpu[0]
+  assert attention.check(master, ("bfloat16",)) == ran == {"float32": "xla", "bfloat16": "cudnn"}
+  with pytest.raises(ValueError, match="'cudnn' takes bfloat16 or float16, not float32"):
+    attention.check(master.replace(attention_impl="cudnn"), ("bfloat16",))
 
 
 @pytest.mark.slow
