@@ -125,7 +125,7 @@ def base() -> ml_collections.ConfigDict:
                                     # paper's Proximal RLOO) and GRPO: PPO's clip eps (0 = 0.2);
                                     # ratio: the per-token ratio's cap (0 = 8, TBA-prime's)
       # TB only: > 0 = the Huber loss of each residual at this many nats (its gradient weight
-      # capped at 2c) instead of its square
+      # capped at 2c) instead of its square, around the group's Huber estimate of log Z
       residual_clip=key(0.0, ">= 0"),
       # TB only: > 0 = plus this coefficient (reward units, as GRPO's kl_coef) times a per-token
       # k3 KL to the reference, which holds where a prompt's samples are all alike (losses.py)
@@ -140,7 +140,7 @@ def base() -> ml_collections.ConfigDict:
       target_temp_start=key(1.0, "> 0"), target_temp_end=key(1.0, "> 0"),      # tau
       target_temp_steps=key(1, ">= 1"),
       # "vargrad" (TBA: each prompt's batch estimate), "learned", or "behaviour" (VarGrad's estimate
-      # from the sampling policy's log-probs: TBA-prime's TB)
+      # from the sampling policy's log-probs: TBA-prime's TB; not with top-k / top-p / exploration)
       log_z=key("vargrad", ("vargrad", "learned", "behaviour")),
       # "learned": a log Z per prompt, trained by Adam at this lr
       log_z_learning_rate=key(0.1, "> 0"),

@@ -165,6 +165,7 @@ def _problems(config) -> Iterable[str]:
   for tb_only in ("loss.residual_clip", "loss.token_kl_coef"):
     if get(tb_only) and get("loss.name") != "tb":
       yield f"{tb_only}={get(tb_only)!r}: only with loss.name='tb' (not {get('loss.name')!r})"
+  yield from _behaviour_logprob_problems(get)
   if get("task.name") == "redteam":
     yield from _redteam_problems(config)
   if get("model.path") == "random" and not get("model.tokenizer"):
@@ -193,6 +194,31 @@ def _microbatch_problems(get) -> Iterable[str]:
     yield (f"optim.num_microbatches={m}: micro-batches of buffer.num_prompts={b} / {m} x "
            f"buffer.samples_per_prompt={k} = {b // m * k} rows do not split over the "
            f"trainer's {fsdp} fsdp devices (mesh.num_trainer_devices / mesh.trainer_tensor)")
+
+
+def _behaviour_logprob_problems(get) -> Iterable[str]:
+  """loss.log_z='behaviour' and loss.name='ratio' read the searchers' behaviour log-probs as
+  those of the policy that drew each completion. What the searchers store is the sampler's
+  `tempered_logprobs` (searcher.Sample): log softmax(logits / T) at the batch's own T, never
+  truncated; the sampler's truncated `logprobs` are not kept. So they are refused with
+  top-k / top-p (the distribution sampled is the truncated one) and with exploration (the
+  trainer's log pi is at sampler.temperature, an exploring batch's at its own)."""
+  readers = [f"{k}={get(k)!r}" for k, v in (("loss.log_z", "behaviour"), ("loss.name", "ratio"))
+             if get(k) == v]
+  top_k, top_p, temperature = get("sampler.top_k"), get("sampler.top_p"), get("sampler.temperature")
+  explore = (get("sampler.explore_prob") > 0 and
+             (get("sampler.explore_low"), get("sampler.explore_high")) != (temperature,) * 2)
+  for reader in readers:
+    if top_k > 0 or top_p < 1:
+      yield (f"{reader}: not with sampler.top_k={top_k!r} / sampler.top_p={top_p!r}: the "
+             "behaviour log-probs the searchers record are of the tempered distribution before "
+             "top-k / top-p truncation, not of the truncated one the completions were drawn "
+             "from (the sampler's truncated log-probs are not stored); use top_k=0, top_p=1")
+    if explore:
+      yield (f"{reader}: not with sampler.explore_prob={get('sampler.explore_prob')!r}: an "
+             "exploring batch's behaviour log-probs are at its own temperature (sampler."
+             "explore_low..explore_high), the trainer's log pi at sampler.temperature="
+             f"{temperature!r}, so they compare two different distributions")
 
 
 def _redteam_problems(config) -> Iterable[str]:

@@ -28,7 +28,10 @@ Switches (each defaults to the TBA paper's behaviour):
 - Residual cap: `trajectory_balance(..., residual_clip=c)` takes the Huber loss of each
   residual (its square within +-c, linear beyond), so a sequence's gradient weight is
   2 clip(residual, -c, c): a wrong completion sampled where the policy is mostly right
-  (residual about r / beta) pushes as hard as one c nats off, not 20. Default None.
+  (residual about r / beta) pushes as hard as one c nats off, not 20. log Z is then the
+  group's Huber M-estimate (`huber_location`; the mean is the squares' argmin), so the
+  clipped weights still sum to zero per prompt; around the mean they would not (7 right, 1
+  wrong, beta 0.05, c 4: -27 / N, a likelihood push on the majority). Default None.
 - Per-token KL (train_step.tb_loss's `token_kl_coef` c): adds (2 / beta) c mean_j sum_t
   k3_t(y_j), so the gradient is REINFORCE on A_j minus c times each token's KL penalty,
   GRPO's shape in reward units. TB's own KL term lives in A_j, mean-baselined per prompt:
@@ -49,10 +52,8 @@ Switches (each defaults to the TBA paper's behaviour):
   log pi_ref - r / beta), fixed per sample, instead of the current policy's; the
   residuals then no longer sum to zero per prompt, which pulls log pi_theta toward
   log pi_b on average (an implicit trust region).
-- Reference resetting (TBA-prime as tba_spec.md describes it: every 50 steps; not
-  in its code at 115573d) is a runtime matter, not a loss option: the loop copies the trainer's params into the searchers'
-  reference params, and samples generated afterwards carry reference
-  log-probs from the new reference. Nothing in this file changes.
+- Reference resetting (TBA-prime per tba_spec.md; not in its code at 115573d) is the
+  loop's, not a loss option: later samples carry the new reference's log-probs.
 
 Baselines for comparison on the same batches: `rloo` (with `ratio_clip`: the
 paper's Proximal RLOO), `grpo`, and `ratio`, TBA-prime's per-token ratio loss (its
@@ -210,7 +211,10 @@ def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Arr
 
   log_z_from_behaviour (TBA-prime's TB): VarGrad's estimate from d with the
   behaviour log-probs in place of the policy's (module docstring).
-  residual_clip (default None = off): the Huber loss at c (module docstring).
+  residual_clip (default None = off): the Huber loss at c, log Z minus the group's Huber
+  M-estimate of d (or of the behaviour's) instead of its mean, detached: at that argmin
+  d loss / d log Z = 0, so (envelope theorem) the detached gradient 2 clip(residual_j) / N
+  is the total one, and sums to zero per prompt (unweighted: without ratio_clip).
   """
   policy_logprobs = policy_logprobs.astype(jnp.float32)
   target = ref_weight * ref_logprobs + rewards / beta
@@ -219,16 +223,48 @@ def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Arr
     if log_z_from_behaviour:
       if behaviour_logprobs is None:
         raise ValueError("log_z_from_behaviour needs behaviour_logprobs")
-      log_z = -group_mean(behaviour_logprobs - target, group_ids)
+      d_z = behaviour_logprobs - target
     else:
-      log_z = -group_mean(d, group_ids)
-    log_z = jax.lax.stop_gradient(log_z)
+      d_z = d
+    d_z = jax.lax.stop_gradient(d_z)
+    log_z = -(group_mean(d_z, group_ids) if residual_clip is None
+              else huber_location(d_z, group_ids, residual_clip))
   residuals = log_z + d
   weights = _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip)
   loss = jnp.mean(weights * _residual_penalty(residuals, residual_clip))
   kl = jnp.mean(jax.lax.stop_gradient(policy_logprobs - ref_logprobs))
   return loss, TBAux(log_z=jax.lax.stop_gradient(log_z),
                      residuals=jax.lax.stop_gradient(residuals), kl=kl, weights=weights)
+
+
+def huber_location(values: Array, group_ids: Array, clip: float, steps: int = 32) -> Array:
+  """[N]: each group's Huber M-estimate of location, the m with sum_group psi(v_i - m) = 0
+  for psi = clip(., -clip, clip) (the argmin of the group's summed Huber loss at `clip`).
+
+  f(m) is non-increasing, piecewise linear, > 0 at the group's min - clip and < 0 at its
+  max + clip: Newton steps from the mean (exact once on the root's linear piece; 1-3 steps
+  typically, <= 16 on heavy-tailed draws) inside that shrinking bracket, bisecting when a
+  step would leave it or no v_i is within clip of m. Not differentiated.
+  """
+  seg = group_index(group_ids)
+  n = values.shape[0]
+  total = lambda x: jax.ops.segment_sum(x, seg, num_segments=n)[seg]
+  lo = jax.ops.segment_min(values, seg, num_segments=n)[seg] - clip
+  hi = jax.ops.segment_max(values, seg, num_segments=n)[seg] + clip
+
+  def step(_, state):
+    m, lo, hi = state
+    f = total(jnp.clip(values - m, -clip, clip))
+    slope = total((jnp.abs(values - m) < clip).astype(jnp.float32))  # -f'(m): the inliers
+    lo, hi = jnp.where(f > 0, m, lo), jnp.where(f < 0, m, hi)
+    newton = m + f / jnp.maximum(slope, 1.0)
+    ok = (slope > 0) & (newton > lo) & (newton < hi)
+    # Converged where f is 0 or its step rounds away (f then is rounding noise whose sign
+    # would otherwise move the bracket onto m and send the next step to its middle).
+    done = (f == 0) | ((slope > 0) & (newton == m))
+    return jnp.where(done, m, jnp.where(ok, newton, 0.5 * (lo + hi))), lo, hi
+
+  return jax.lax.fori_loop(0, steps, step, (group_mean(values, group_ids), lo, hi))[0]
 
 
 def _residual_penalty(residuals, clip):
@@ -396,7 +432,8 @@ class RatioAux(NamedTuple):
 
 def ratio(policy_logprobs: Array, behaviour_logprobs: Array, ref_logprobs: Array, mask: Array,
           rewards: Array, group_ids: Array, beta: Array | float,
-          ratio_clip: float = 8.0) -> tuple[Array, RatioAux]:
+          ratio_clip: float = 8.0, tokens_per_row: Array | float | None = None
+          ) -> tuple[Array, RatioAux]:
   """TBA-prime's per-token ratio loss (tba-prime src/zeroband/training/loss.py L193-229)
   with PER-TOKEN log-probs [N, T] and mask [N, T].
 
@@ -406,8 +443,10 @@ def ratio(policy_logprobs: Array, behaviour_logprobs: Array, ref_logprobs: Array
   standard-deviation scaling). Each counted token t of y_j contributes
   -min(rho_t, c) A_j with rho_t = pi_theta / pi_b of that token, differentiated (the
   gradient is -rho_t A_j grad log pi_theta below the cap, 0 above it: their
-  clamp(exp(.), 0, c)); the loss is the mean over every counted token of the batch
-  (theirs divides each micro-batch's sum by its prompt + completion tokens).
+  clamp(exp(.), 0, c)); the loss is the token sum over N tokens_per_row (default: this
+  batch's counted tokens, so the token mean). The update gives a micro-batch its WHOLE
+  batch's count per row, so ragged micro-batches average to the batch's gradient (theirs
+  divides each micro-batch by its own tokens: its gradient depends on the micro-batching).
   Unlike GRPO there is no PPO min/clip pair: one cap, on the ratio only.
   """
   lp = policy_logprobs.astype(jnp.float32)
@@ -420,7 +459,9 @@ def ratio(policy_logprobs: Array, behaviour_logprobs: Array, ref_logprobs: Array
   log_ratio = jnp.where(counted, lp - behaviour_logprobs, 0.0)
   capped = jnp.exp(jnp.minimum(log_ratio, jnp.log(ratio_clip)))
   per_token = -capped * jax.lax.stop_gradient(advantages)[:, None]
-  num_tokens = jnp.maximum(jnp.sum(counted), 1)
+  if tokens_per_row is None:
+    tokens_per_row = jnp.maximum(jnp.sum(counted), 1) / counted.shape[0]
+  num_tokens = tokens_per_row * counted.shape[0]
   loss = jnp.sum(jnp.where(counted, per_token, 0.0)) / num_tokens
   aux = RatioAux(
       advantages=advantages, kl=jnp.mean(log_ratio_ref),

@@ -36,11 +36,13 @@ warmup already moves (optax counts from 0; make_optimizer shifts by one).
 
 Loss functions share one signature (`LossFn`) so the same update trains with
 TB (`tb_loss`) or the baselines (`rloo_loss`, `grpo_loss`, `ratio_loss`); their switches are
-keyword-only, bound with functools.partial.
+keyword-only, bound with functools.partial. A loss that averages over tokens rather than
+rows (`ratio_loss`) also takes `tokens_per_row`, which the update fills in (make_update).
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Callable, NamedTuple
 
 import jax
@@ -134,11 +136,13 @@ def rloo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
 
 
 def ratio_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
-               ratio_clip: float = 8.0) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """TBA-prime's per-token ratio loss (losses.ratio) on per-token log-probs."""
+               ratio_clip: float = 8.0, tokens_per_row: jax.Array | None = None
+               ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """TBA-prime's per-token ratio loss (losses.ratio) on per-token log-probs; its token sum
+  over len(batch) tokens_per_row (None: this batch's counted tokens)."""
   loss, aux = losses.ratio(token_logprobs, batch.behaviour_logprobs, batch.ref_logprobs,
                            batch.completion_mask, batch.rewards, batch.group_ids, beta,
-                           ratio_clip=ratio_clip)
+                           ratio_clip=ratio_clip, tokens_per_row=tokens_per_row)
   return loss, {"kl": aux.kl, "ratio_mean": aux.ratio_mean, "clip_fraction": aux.clip_fraction,
                 "advantage_abs_mean": jnp.mean(jnp.abs(aux.advantages))}
 
@@ -373,7 +377,9 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
   size is a multiple of the "fsdp" axis (else ValueError when it compiles).
   Gradients are averaged over micro-batches, which equals the big-batch
   gradient because every loss here is a mean over sequences of per-group
-  terms. Compiles once per batch shape.
+  terms, or (a loss_fn taking `tokens_per_row`: ratio_loss) a token sum over the
+  WHOLE batch's counted tokens per row times the micro-batch's rows, given to it here.
+  Compiles once per batch shape.
 
   metrics (replicated scalars): loss, grad_norm (before clipping), beta, lr
   (with `lr_schedule`, the learning rate given to make_optimizer: the one this
@@ -398,6 +404,8 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
   """
   compute_config = model_config.replace(dtype=compute_dtype)
   state_sh = state_shardings(model_config, optimizer, mesh, learned_log_z)
+  # Read once from the signature (functools.partial keeps it; a wrapper needs functools.wraps).
+  per_token = "tokens_per_row" in inspect.signature(loss_fn).parameters
 
   def dropout_at(step, micro):
     if not dropout:
@@ -435,9 +443,13 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     beta = beta_schedule(state.step + 1)
     extra = {} if ref_weight_schedule is None else {"ref_weight":
                                                     ref_weight_schedule(state.step + 1)}
+    loss_kw = extra  # extra is reported in the metrics too; the token count is not
+    if per_token:
+      counted = jnp.sum(batch.completion_mask > 0)
+      loss_kw = {**extra, "tokens_per_row": jnp.maximum(counted, 1) / batch.rewards.shape[0]}
     trainable = (state.params, state.log_z)
     if num_microbatches == 1:
-      (loss, aux), (grads, log_z_grad) = grad_fn(trainable, frozen, batch, beta, extra,
+      (loss, aux), (grads, log_z_grad) = grad_fn(trainable, frozen, batch, beta, loss_kw,
                                                  dropout_at(state.step, 0))
       grads = _float32(grads)
     else:
@@ -445,7 +457,7 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
 
       def accumulate(grad_sum, micro_batch_and_index):
         micro_batch, i = micro_batch_and_index
-        (loss, aux), grads = grad_fn(trainable, frozen, micro_batch, beta, extra,
+        (loss, aux), grads = grad_fn(trainable, frozen, micro_batch, beta, loss_kw,
                                      dropout_at(state.step, i))
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
         grad_sum = (jax.lax.with_sharding_constraint(grad_sum[0], state_sh.params), grad_sum[1])

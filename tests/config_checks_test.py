@@ -50,6 +50,36 @@ def test_microbatches_that_would_cut_a_group_or_an_fsdp_shard_are_refused():
       "(mesh.num_trainer_devices / mesh.trainer_tensor)")
 
 
+def test_behaviour_log_probs_are_refused_where_they_are_not_the_sampled_distributions():
+  """The searchers record untruncated log-probs at each batch's own temperature, so
+  log_z=behaviour and the ratio loss, which read them as the sampling policy's, refuse
+  top-k / top-p and exploration (exploring at sampler.temperature itself changes nothing)."""
+  for loss in ({"loss__log_z": "behaviour"}, {"loss__name": "ratio"}):
+    config_checks.validate(_config(**loss))
+    config_checks.validate(_config(**loss, sampler__explore_prob=0.5, sampler__explore_low=1.0,
+                                   sampler__explore_high=1.0))  # tiny's temperature: 1.0
+  config_checks.validate(_config(sampler__top_p=0.9, sampler__explore_prob=0.5,
+                                 sampler__explore_low=0.5, sampler__explore_high=2.0))
+  with pytest.raises(ConfigError) as e:
+    config_checks.validate(_config(loss__log_z="behaviour", sampler__top_p=0.9))
+  assert str(e.value) == (
+      "config: loss.log_z='behaviour': not with sampler.top_k=0 / sampler.top_p=0.9: the "
+      "behaviour log-probs the searchers record are of the tempered distribution before "
+      "top-k / top-p truncation, not of the truncated one the completions were drawn from "
+      "(the sampler's truncated log-probs are not stored); use top_k=0, top_p=1")
+  with pytest.raises(ConfigError) as e:
+    config_checks.validate(_config(loss__name="ratio", sampler__top_k=40,
+                                   sampler__explore_prob=0.5, sampler__explore_low=0.5,
+                                   sampler__explore_high=2.0))
+  lines = str(e.value).splitlines()[1:]
+  assert [line.split(":")[0] for line in lines] == ["  loss.name='ratio'"] * 2
+  assert "sampler.top_k=40 / sampler.top_p=1.0" in lines[0]
+  assert lines[1].endswith(
+      "not with sampler.explore_prob=0.5: an exploring batch's behaviour log-probs are at its "
+      "own temperature (sampler.explore_low..explore_high), the trainer's log pi at "
+      "sampler.temperature=1.0, so they compare two different distributions")
+
+
 def test_red_teaming_settings_are_checked():
   from configs import redteam as redteam_config
   c = redteam_config.get_config("tiny")

@@ -115,25 +115,74 @@ def authors_beta(u, beta_0, beta_final, d, stop):
   return beta_final * (u - 1) / d + beta_0 * (1 - (u - 1) / d) if u < stop else beta_final
 
 
-def test_residual_clip_is_huber_on_the_residual_with_capped_gradient():
+def np_huber_location(x, clip):
+  """The m with sum clip(x - m, -clip, clip) = 0, by float64 bisection."""
+  lo, hi = x.min() - clip, x.max() + clip
+  for _ in range(200):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if np.clip(x - mid, -clip, clip).sum() > 0 else (lo, mid)
+  return (lo + hi) / 2
+
+
+def test_residual_clip_is_huber_around_the_groups_huber_estimate_of_log_z():
   policy, ref, _, rewards, ids = random_inputs(6)
   beta, clip = 0.4, 1.5
-  _, _, res = np_tb(policy, ref, rewards, ids, beta)
+  d = policy.astype(np.float64) - ref - rewards / beta
+  log_z = -np.array([np_huber_location(d[ids == g], clip) for g in ids])
+  res = log_z + d
   size = np.abs(res)
   assert (size > clip).any() and (size[size > 0] < clip).any()
   huber = np.where(size <= clip, res ** 2, 2 * clip * size - clip ** 2)
-  fn = lambda p: losses.trajectory_balance(p, ref, rewards, ids, beta, residual_clip=clip)
+  fn = jax.jit(lambda p: losses.trajectory_balance(p, ref, rewards, ids, beta,
+                                                   residual_clip=clip))
   loss, aux = fn(policy)
+  np.testing.assert_allclose(aux.log_z, log_z, rtol=1e-5)
   np.testing.assert_allclose(loss, huber.mean(), rtol=1e-5)
   np.testing.assert_allclose(aux.residuals, res, rtol=1e-4, atol=1e-4)  # reported unclipped
-  # log Z stays detached, so each sequence's gradient is (2/N) clip(residual, -c, c).
+  # log Z detached, each sequence's gradient is (2/N) clip(residual, -c, c).
   grad = jax.grad(lambda p: fn(p)[0])(policy)
   np.testing.assert_allclose(grad, 2 * np.clip(res, -clip, clip) / len(ids), rtol=1e-4, atol=1e-5)
-  # A cap no residual reaches is the plain loss.
+  # A cap no residual reaches is the plain loss (the Huber estimate is then the mean).
+  _, _, plain_res = np_tb(policy, ref, rewards, ids, beta)
   plain = losses.trajectory_balance(policy, ref, rewards, ids, beta)[0]
   wide = losses.trajectory_balance(policy, ref, rewards, ids, beta,
-                                   residual_clip=float(size.max()) + 1)[0]
+                                   residual_clip=float(np.abs(plain_res).max()) + 1)[0]
   np.testing.assert_allclose(wide, plain, rtol=1e-6)
+
+
+def test_huber_clipped_tb_gradient_sums_to_zero_per_prompt():
+  """K = 8, seven right and one wrong, beta 0.05, c = 4: clipping residuals around the mean
+  summed the group's gradient to -3.4 (a push up every log pi); around the Huber estimate
+  of log Z it sums to 0, and the wrong sample's weight is still capped at 2c / N."""
+  rng = np.random.default_rng(9)
+  order = rng.permutation(16)
+  ids = np.repeat(np.int32([4, 11]), 8)[order]
+  rewards = np.tile(np.float32([0, 1, 1, 1, 1, 1, 1, 1]), 2)[order]
+  policy = rng.normal(-20, 3, 16).astype(np.float32)
+  ref = (policy + rng.normal(0, 1, 16)).astype(np.float32)
+  grad = jax.jit(jax.grad(lambda p: losses.trajectory_balance(
+      p, ref, rewards, ids, 0.05, residual_clip=4.0)[0]))(policy)
+  for g in (4, 11):
+    assert abs(float(np.sum(grad[ids == g]))) < 1e-5
+  wrong = rewards == 0
+  np.testing.assert_allclose(grad[wrong], 2 * 4.0 / 16, rtol=1e-6)  # the cap binds on them
+  assert np.all(np.abs(grad) <= 2 * 4.0 / 16 + 1e-6)
+
+
+def test_huber_location_solves_its_estimating_equation_for_any_spread():
+  """Heavy tails, ties, few inliers, a group of one: sum psi(x - m) = 0 to float rounding."""
+  rng = np.random.default_rng(10)
+  ids = rng.permutation(np.repeat(np.int32([0, 1, 2, 3, 4]), [1, 3, 8, 20, 8]))
+  cases = [(rng.standard_cauchy(40) * 300 - 50, 4.0), (rng.normal(0, 1, 40), 20.0),
+           (np.where(rng.random(40) < 0.6, -20.0, 0.0) + rng.normal(0, 0.01, 40), 0.5)]
+  solve = jax.jit(losses.huber_location)
+  for x, clip in cases:
+    x = x.astype(np.float32)
+    m = np.asarray(solve(x, ids, clip), np.float64)
+    for g in range(5):
+      sel = ids == g
+      rounding = sel.sum() * np.spacing(np.float32(np.abs(x[sel]).max() + clip))
+      assert abs(np.clip(x[sel] - m[sel][0], -clip, clip).sum()) <= 2 * rounding, (clip, g)
 
 
 def _token_batch(rng, identical: bool):

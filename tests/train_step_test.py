@@ -88,9 +88,10 @@ def cached_update(cfg, optimizer_name, num_devices, num_microbatches=1, remat=Fa
                  "adamw": ts.make_optimizer(3e-5, weight_decay=0.01, max_grad_norm=1.0)
                  }[optimizer_name]
 
-    def counted_loss(token_lp, batch, beta):
+    @functools.wraps(loss_fn)  # keeps its signature: make_update reads tokens_per_row in it
+    def counted_loss(token_lp, batch, beta, **kw):
       TRACES[key] += 1
-      return loss_fn(token_lp, batch, beta)
+      return loss_fn(token_lp, batch, beta, **kw)
 
     mesh = mesh_of(num_devices)
     update = ts.make_update(cfg, optimizer, counted_loss, SCHEDULES[schedule], mesh,
@@ -152,17 +153,21 @@ def test_tb_gradient_equals_kl_penalised_reinforce(tiny_cfg):
     np.testing.assert_allclose(got, -2.0 / (beta * n) * np.asarray(pg), rtol=0, atol=1e-5 * scale)
 
 
-# TB over M = 1, 2, 8 (remat on for M = 2); the baselines over M = 1, 4, slow-marked (~10 s
-# each): they share the accumulation with TB's.
+# TB over M = 1, 2, 8 (remat on for M = 2); the baselines over M = 1, 4, RLOO and GRPO
+# slow-marked (~10 s each): they share the accumulation with TB's. The ratio loss is a mean
+# over tokens, whose whole-batch count the update hands each micro-batch: its own case.
 MICROBATCH_CASES = [(ts.tb_loss, (1, 2, 8)),
                     pytest.param(ts.rloo_loss, (1, 4), marks=pytest.mark.slow),
-                    pytest.param(ts.grpo_loss, (1, 4), marks=pytest.mark.slow)]
+                    pytest.param(ts.grpo_loss, (1, 4), marks=pytest.mark.slow),
+                    (ts.ratio_loss, (1, 4))]
 
 
-@pytest.mark.parametrize("loss_fn,counts", MICROBATCH_CASES, ids=["tb", "rloo", "grpo"])
+@pytest.mark.parametrize("loss_fn,counts", MICROBATCH_CASES,
+                         ids=["tb", "rloo", "grpo", "ratio"])
 def test_loss_and_gradient_do_not_depend_on_the_number_of_microbatches(tiny_cfg, loss_fn, counts):
-  """8 groups (slots) of 2, rows shuffled, slots 0 and 1 the same prompt: every count of
-  micro-batches that divides the 8 groups gives the whole batch's loss and gradient."""
+  """8 groups (slots) of 2, rows shuffled, slots 0 and 1 the same prompt, completions of
+  ragged lengths (2-8 tokens): every count of micro-batches that divides the 8 groups gives
+  the whole batch's loss and gradient."""
   params = np_params(tiny_cfg, 0)
   slots = np.random.default_rng(1).permutation(np.repeat(np.arange(8), 2))
   batch = make_batch(tiny_cfg, 1, slots, np_params(tiny_cfg, 1), policy_params=params)
