@@ -12,18 +12,29 @@ over abstract sharded arrays is lowered and compiled; for each searcher tensor d
 decode step (sampler.model_logits_fn over a KV cache of --decode_rows rows) likewise.
 Per device it prints XLA's memory_analysis() (arguments, outputs, temporaries: what the
 compiled program allocates, not a shape floor) and the collectives of the compiled HLO
-(kind, count, bytes), with a predicted time at the chip-to-chip bandwidth of each chip
-(benchmarks/roofline.py's CHIPS; ring all-gather / reduce-scatter moving (n-1)/n of the
-bytes per device, all-reduce twice that). Layers are scanned, and XLA lists a loop
-body's collectives once: each is counted once per trip of every loop around it (the
-while loops' known_trip_count: the layer scan inside the micro-batch loop). The weight publish (trainer -> searcher) moves the
-bfloat16 weights once: its time at the link bandwidth is predicted. A layout fits a chip
-when arguments + outputs + temporaries (less donated aliases) stay within its HBM.
+(kind, count, bytes), with a predicted time on each chip (benchmarks/roofline.py's
+CHIPS; collective_seconds): every collective a ring over its replica groups (all-gather
+and reduce-scatter moving (n-1)/n of the data per device, all-reduce twice that; an
+all-to-all 1/n to each member; a collective-permute its whole buffer). A group inside
+one node (GPUs: 8 on NVLink; TPUs: a whole ICI slice) moves at link_gbps; a group that
+spans nodes moves at the network's pace, net_gbps per GPU (one 400 Gb/s NIC each, 1/9 of
+NVLink), times the group's GPUs in each node (NCCL's rings, one per NIC rail, share the
+cross-node bytes among them), at most link_gbps. The program's devices are taken as
+numbered node by node (jax.devices() on GPU hosts: process by process). Layers are
+scanned, and XLA lists a loop body's collectives once: each is counted once per trip of
+every loop around it (the while loops' known_trip_count: the layer scan inside the
+micro-batch loop). The weight publish (trainer -> searcher) moves the bfloat16 weights
+once: its time is predicted with the searcher in the trainer's node (link_gbps) and in
+another node (net_gbps: all of it through the searcher GPU's one NIC); the trainer-side
+float32 -> bfloat16 cast (HBM, 6 bytes a parameter over the trainer's shards) is not
+counted. A layout fits a chip when arguments + outputs + temporaries (less donated
+aliases) stay within its HBM.
 benchmarks/memory.py's shape floor for the same layout is printed beside it.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -49,10 +60,50 @@ def _shape_bytes(text: str) -> int:
   return total
 
 
-def collectives(hlo: str) -> dict:
-  """{kind: (count, bytes per device)} of the compiled HLO's collectives per run: one
-  inside a while body counts once per trip of every loop around it (XLA's
-  known_trip_count: the layer scan inside the micro-batch loop, for instance)."""
+def replica_groups(line: str) -> list[list[int]] | None:
+  """The device groups of one collective in compiled HLO text: its replica_groups
+  (explicit `{{0,1},{2,3}}`, iota `[2,2]<=[4]` / `[2,2]<=[2,2]T(1,0)`, or Shardy's
+  `mesh['axis_0'=2,'axis_1'=2] {'axis_1'}`), or a collective-permute's source -> target
+  pairs. None: every device of the program (`{}`) or a form not parsed here."""
+  import numpy as np
+  m = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", line)
+  if m:
+    return [list(map(int, p)) for p in re.findall(r"\{(\d+),(\d+)\}", m.group(1))]
+  m = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)+)\}", line)
+  if m:
+    return [[int(d) for d in g.split(",") if d] for g in re.findall(r"\{([\d,]*)\}", m.group(1))]
+  m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
+  if m:
+    ids = np.arange(math.prod(int(d) for d in m.group(3).split(","))).reshape(
+        [int(d) for d in m.group(3).split(",")])
+    if m.group(4):
+      ids = ids.transpose([int(p) for p in m.group(4).split(",")])
+    return ids.reshape(int(m.group(1)), int(m.group(2))).tolist()
+  m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(\[([\d,]+)\]"
+                r"(?:T\(([\d,]+)\))?\))? \{([^}]*)\}", line)
+  if m and ":" not in m.group(4):  # (a sub-axis, 'axis_0':(1)2, is not parsed)
+    axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
+    names, sizes = [a for a, _ in axes], [int(n) for _, n in axes]
+    over = re.findall(r"'([^']+)'", m.group(4))
+    if not set(over) <= set(names):
+      return None
+    ids = np.arange(math.prod(sizes))
+    if m.group(2):  # device_ids=([16,4]T(1,0)): the mesh's devices, an iota transposed
+      ids = ids.reshape([int(d) for d in m.group(2).split(",")])
+      if m.group(3):
+        ids = ids.transpose([int(p) for p in m.group(3).split(",")])
+    moved = [names.index(a) for a in over]
+    keep = [i for i in range(len(names)) if i not in moved]
+    ids = ids.reshape(sizes).transpose(keep + moved)
+    return ids.reshape(-1, math.prod(sizes[i] for i in moved)).tolist()
+  return None
+
+
+def collective_ops(hlo: str) -> list[dict]:
+  """The compiled HLO's collectives, one dict per instruction: kind, count (one inside a
+  while body counts once per trip of every loop around it, XLA's known_trip_count: the
+  layer scan inside the micro-batch loop, for instance), bytes (per device, count x the
+  bytes of its result) and groups (replica_groups(); None: all the program's devices)."""
   parent, comp, found = {}, "", []  # body -> (computation holding the while, trips)
   for line in hlo.splitlines():
     head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
@@ -66,7 +117,7 @@ def collectives(hlo: str) -> dict:
     m = re.search(r"= (\([^=]*\)|\w+\[[\d,]*\][^ ]*) (" + "|".join(COLLECTIVES) +
                   r")(?:-start)?\(", line)
     if m:
-      found.append((comp, m.group(2), _shape_bytes(m.group(1))))
+      found.append((comp, m.group(2), _shape_bytes(m.group(1)), replica_groups(line)))
 
   def times(c: str, depth: int = 0) -> int:
     if c not in parent or depth > 16:
@@ -74,23 +125,65 @@ def collectives(hlo: str) -> dict:
     up, trips = parent[c]
     return trips * times(up, depth + 1)
 
+  return [dict(kind=kind, count=times(c), bytes=times(c) * nbytes, groups=groups)
+          for c, kind, nbytes, groups in found]
+
+
+def collectives(hlo: str) -> dict:
+  """{kind: (count, bytes per device)} of the compiled HLO's collectives per run
+  (collective_ops summed by kind)."""
   out = {}
-  for c, kind, nbytes in found:
-    n = times(c)
-    count, total = out.get(kind, (0, 0))
-    out[kind] = (count + n, total + n * nbytes)
+  for op in collective_ops(hlo):
+    count, total = out.get(op["kind"], (0, 0))
+    out[op["kind"]] = (count + op["count"], total + op["bytes"])
   return out
 
 
-def link_seconds(coll: dict, group: int, link_gbps: float) -> float:
-  """Ring time of the collectives at one link's bandwidth, groups of `group` devices."""
-  if group <= 1:
+def _seconds_per_byte(kind: str, group: list[int], chip: dict) -> float:
+  """Seconds per byte of a collective's result, for one group of devices (module doc)."""
+  node, link = chip["node_chips"], chip["link_gbps"] * 1e9
+  net = chip["net_gbps"] * 1e9 if chip.get("net_gbps") else None
+  if kind == "collective-permute":  # group: (source, target); the source sends it all
+    src, dst = group
+    if src == dst:
+      return 0.0
+    if src // node == dst // node:
+      return 1 / link
+    return 1 / net if net else math.nan
+  n = len(group)
+  if n <= 1:
     return 0.0
-  frac = (group - 1) / group
+  per_node = {}
+  for d in group:
+    per_node[d // node] = per_node.get(d // node, 0) + 1
+  local = min(per_node.values())  # the group's devices in each node (the fewest)
+  if len(per_node) > 1 and not net:
+    return math.nan
+  if kind == "all-to-all":  # 1/n of the buffer to each member: those in other nodes by NIC
+    if len(per_node) == 1:
+      return (n - 1) / n / link
+    return max((local - 1) / n / link, (n - local) / n / net)
+  # Rings: all-gather (result: the gathered array) sends (n-1)/n of it, reduce-scatter
+  # (result: one shard) (n-1) shards, all-reduce 2 (n-1)/n. Across nodes a ring's
+  # bottleneck is the network: NCCL runs one ring per NIC rail, so a group with `local`
+  # devices in each node carries its cross-node bytes over `local` NICs at once.
+  frac = {"all-reduce": 2 * (n - 1) / n, "reduce-scatter": n - 1}.get(kind, (n - 1) / n)
+  return frac / (link if len(per_node) == 1 else min(link, local * net))
+
+
+def collective_seconds(ops: list[dict], chip: dict, num_devices: int) -> float:
+  """Predicted seconds of collective_ops() on `chip` (a roofline.CHIPS entry), the
+  program's devices numbered node by node (chip["node_chips"] to a node): each
+  instruction at the pace of its slowest group (the groups run at once), one after
+  another. nan where a group leaves a TPU slice (chip["net_gbps"] None)."""
   total = 0.0
-  for kind, (_, nbytes) in coll.items():
-    total += nbytes * (2 * frac if kind == "all-reduce" else frac)
-  return total / (link_gbps * 1e9)
+  for op in ops:
+    groups = op["groups"] if op["groups"] is not None else [list(range(num_devices))]
+    per_byte = [_seconds_per_byte(op["kind"], g, chip) for g in groups]
+    if any(math.isnan(x) for x in per_byte):
+      return math.nan
+    total += op["bytes"] * max(per_byte, default=0.0)
+  return total
 
 
 def _memory(compiled) -> dict:
@@ -134,7 +227,8 @@ def trainer_program(cfg, devices, fsdp: int, tensor: int, rows: int, prompt_len:
 
 def _loss_cfg():
   import ml_collections
-  return ml_collections.ConfigDict(dict(ratio_clip=0.0, log_z="vargrad"))
+  return ml_collections.ConfigDict(dict(ratio_clip=0.0, log_z="vargrad", residual_clip=0.0,
+                                         token_kl_coef=0.0))
 
 
 def searcher_program(cfg, devices, tensor: int, rows: int, cache_len: int):
@@ -196,7 +290,7 @@ def main(argv=None):
   print("\n## trainer step (TB, float32 master + AdamW, bfloat16 compute, remat, 4 micro-batches)")
   print("| fsdp x tensor | micro-batch rows | args GB | outputs GB | temps GB | peak GB/device | "
         "memory.py floor GB | collectives (count, GB/device) | " +
-        " | ".join(f"{k} ICI/NVLink s predicted" for k in CHIPS) + " | fits |")
+        " | ".join(f"{k} s predicted" for k in CHIPS) + " | fits |")
   print("|---|---|---|---|---|---|---|---|" + "---|" * len(CHIPS) + "---|")
   results = []
   for fsdp, tensor in splits:
@@ -208,9 +302,10 @@ def main(argv=None):
       compiled = trainer_program(cfg, devices, fsdp, tensor, rows, args.prompt_len,
                                  args.new_tokens, 4)
       mem = _memory(compiled)
+      ops = collective_ops(compiled.as_text())
       coll = collectives(compiled.as_text())
       floor = _floor(cfg, fsdp * tensor, micro, args)
-      times = [link_seconds(coll, fsdp * tensor, chip["link_gbps"]) for chip in CHIPS.values()]
+      times = [collective_seconds(ops, chip, fsdp * tensor) for chip in CHIPS.values()]
       fits = [name for name, (chip, count) in FITS.items()
               if count == n and mem["peak"] <= CHIPS[chip]["hbm_gb"] * 1e9]
       results.append((fsdp, tensor, micro, mem, coll, fits))
@@ -228,17 +323,21 @@ def main(argv=None):
     compiled = searcher_program(cfg, devices, tensor, args.decode_rows,
                                 args.prompt_len + args.new_tokens)
     mem = _memory(compiled)
+    ops = collective_ops(compiled.as_text())
     coll = collectives(compiled.as_text())
     cells = ", ".join(f"{k} {c} x, {b / 1e9:.3f}" for k, (c, b) in coll.items()) or "none"
-    times = [link_seconds(coll, tensor, chip["link_gbps"]) for chip in CHIPS.values()]
+    times = [collective_seconds(ops, chip, tensor) for chip in CHIPS.values()]
     print(f"| {tensor} | {mem['args'] / 1e9:.2f} | {mem['outputs'] / 1e9:.2f} | "
           f"{mem['temps'] / 1e9:.2f} | {mem['peak'] / 1e9:.2f} | {cells} | "
           + " | ".join(f"{s:.4f}" for s in times) + " |")
   print(f"\n## weight publish (trainer -> searcher): {weights / 1e9:.2f} GB of bfloat16 weights")
-  print("| chip | link GB/s | predicted s |")
-  print("|---|---|---|")
+  print("| chip | link GB/s | predicted s, searcher in the trainer's node / slice | "
+        "network GB/s | predicted s, searcher in another node |")
+  print("|---|---|---|---|---|")
   for name, chip in CHIPS.items():
-    print(f"| {name} | {chip['link_gbps']:.0f} | {weights / (chip['link_gbps'] * 1e9):.2f} |")
+    net = chip.get("net_gbps")
+    print(f"| {name} | {chip['link_gbps']:.0f} | {weights / (chip['link_gbps'] * 1e9):.2f} | "
+          + (f"{net:.0f} | {weights / (net * 1e9):.2f} |" if net else "-- | -- (one ICI slice) |"))
   print(f"\n# {time.perf_counter() - start:.0f} s on this machine "
         f"({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})")
   return results

@@ -20,17 +20,21 @@ A program's predicted time on a chip is its roofline bound, max(FLOPs / peak bf1
 FLOP/s, bytes / HBM bandwidth): a lower bound (perfect overlap, every byte read
 once at full bandwidth). The FLOPs are XLA's; the bytes are the HBM floor
 (hbm_bytes: weights, KV cache, logits, optimizer state), because XLA:CPU's "bytes
-accessed" (printed beside them) counts buffers a GPU/TPU program never re-reads. MFU is the
-update's FLOPs over (predicted time x peak): 100% where compute-bound, by
-construction. One TBA step of a recipe, per chip, on one chip for both roles:
+accessed" (printed beside them) counts buffers a GPU/TPU program never re-reads. No MFU
+is printed: the bound's MFU (the update's FLOPs over predicted time x peak) is 100%
+wherever the program is compute-bound, as the updates here are, by construction; the
+predicted tokens/s at peak says the same. What a chip reaches is a measurement
+(benchmarks/accelerator.py's MFU; measured_vs_predicted.py's fraction of the bound).
+One TBA step of a recipe, per chip, on one chip for both roles:
   sampling  rows / 256 decode passes of max_new_tokens steps at batch 256 (or at
             the rows, if fewer), plus their prefills;
   scoring   the reference pass over the step's rows (TL;DR: also a reward model
             pass of the policy's shape; red-teaming's victim replies and
             classifier are not modelled);
   update    num_microbatches micro-batch updates;
-  sync      a weight copy (read + write of the bfloat16 weights in HBM) every
-            sync.every steps, spread over those steps.
+  sync      a weight publish every sync.every steps, spread over those steps: the
+            float32 master weights read and a bfloat16 copy written in HBM, 4 + 2 =
+            6 bytes a parameter (sync_bytes).
 """
 from __future__ import annotations
 
@@ -40,24 +44,50 @@ import functools
 import json
 import math
 
-# Peak dense bfloat16 FLOP/s (TFLOP/s), HBM bandwidth (GB/s), HBM (GB), and the
-# chip-to-chip bandwidth per chip (GB/s, one direction) used by benchmarks/pod.py.
+# Peak dense bfloat16 FLOP/s (tflops, TFLOP/s), HBM bandwidth (hbm_gbps, GB/s), HBM
+# (hbm_gb, GB), and for benchmarks/pod.py's collectives (GB = 1e9 bytes):
+#   link_gbps   the chip-to-chip bandwidth inside a node (NVLink) or slice (ICI): GB/s
+#               one chip can send at once, one direction, summed over all its links
+#               (pod.py divides the bytes each device sends in a collective by it);
+#   node_chips  how many chips that fast link joins (an 8-GPU HGX/DGX node; a TPU slice);
+#   net_gbps    GB/s one chip can send, one direction, to a chip in another node (GPUs:
+#               its own network card); None: not modelled (no TPU group here leaves a slice).
 CHIPS = {
     # https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM: 1,979 TFLOPS bf16 with
-    # sparsity, i.e. 989 dense; 3.35 TB/s; 80 GB; NVLink 900 GB/s, 450 each way)
-    "H100": dict(tflops=989.0, hbm_gbps=3350.0, hbm_gb=80.0, link_gbps=450.0),
+    # sparsity, i.e. 989 dense; 3.35 TB/s; 80 GB; NVLink 900 GB/s: both directions, 450
+    # each way). Between nodes: https://www.nvidia.com/en-us/data-center/dgx-h100/ (DGX
+    # H100 / H200 datasheet: 8 GPUs on NVLink/NVSwitch; for the compute network 8
+    # single-port ConnectX-7 cards, up to 400 Gb/s InfiniBand/Ethernet, one per GPU):
+    # 400 / 8 = 50 GB/s each way per GPU, 1/9 of NVLink's 450 (quoted as known, not
+    # re-fetched when written).
+    "H100": dict(tflops=989.0, hbm_gbps=3350.0, hbm_gb=80.0, link_gbps=450.0,
+                 node_chips=8, net_gbps=50.0),
     # https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM: 989 dense bf16; 4.8 TB/s;
-    # 141 GB; NVLink 900 GB/s)
-    "H200": dict(tflops=989.0, hbm_gbps=4800.0, hbm_gb=141.0, link_gbps=450.0),
+    # 141 GB; NVLink 900 GB/s, 450 each way); nodes and network as H100's (DGX H200).
+    "H200": dict(tflops=989.0, hbm_gbps=4800.0, hbm_gb=141.0, link_gbps=450.0,
+                 node_chips=8, net_gbps=50.0),
+    # TPUs: Google's "ICI bandwidth per chip" in Gbps / 8 (the pages below). It matches
+    # the one-way rates of a chip's links summed, not both directions (which would be
+    # twice): jax-ml/scaling-book's tpus.md ("How to Think About TPUs") gives per link,
+    # one way, v5e 5e10, v5p and v6e 1e11 bytes/s, with 4 links (2-D torus) on v5e / v6e
+    # and 6 (3-D) on v5p: 4 x 50 = 200 GB/s = 1,600 Gbps; 6 x 100 = 600 GB/s = 4,800
+    # Gbps; v6e's 3,584 Gbps = 448 GB/s = 4 x 112 (the book rounds to 1e11). A collective
+    # along one torus axis uses 2 of the links, so it gets at most half of link_gbps on
+    # v5e / v6e (a third on v5p): pod.py's TPU times are optimistic by up to that much.
+    # node_chips: the largest ICI slice (v5e / v6e 16 x 16, v5p 8,960 chips); between
+    # slices (DCN) is not modelled.
     # https://cloud.google.com/tpu/docs/v5e (197 TFLOP/s bf16; 819 GB/s; 16 GB;
     # ICI 1,600 Gbps per chip)
-    "v5e": dict(tflops=197.0, hbm_gbps=819.0, hbm_gb=16.0, link_gbps=200.0),
+    "v5e": dict(tflops=197.0, hbm_gbps=819.0, hbm_gb=16.0, link_gbps=200.0,
+                node_chips=256, net_gbps=None),
     # https://cloud.google.com/tpu/docs/v5p (459 TFLOP/s bf16; 2,765 GB/s; 95 GB;
     # ICI 4,800 Gbps per chip)
-    "v5p": dict(tflops=459.0, hbm_gbps=2765.0, hbm_gb=95.0, link_gbps=600.0),
+    "v5p": dict(tflops=459.0, hbm_gbps=2765.0, hbm_gb=95.0, link_gbps=600.0,
+                node_chips=8960, net_gbps=None),
     # https://cloud.google.com/tpu/docs/v6e (918 TFLOP/s bf16; 1,640 GB/s; 32 GB;
     # ICI 3,584 Gbps per chip)
-    "v6e": dict(tflops=918.0, hbm_gbps=1640.0, hbm_gb=32.0, link_gbps=448.0),
+    "v6e": dict(tflops=918.0, hbm_gbps=1640.0, hbm_gb=32.0, link_gbps=448.0,
+                node_chips=256, net_gbps=None),
 }
 SHAPES = {"rho-1b": "realtreetune/rho-1b-sft-GSM8K", "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B-Instruct",
           "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct"}
@@ -200,6 +230,13 @@ def weight_bytes(shape: str) -> int:
   return model.count_params(architecture(shape)) * 2  # bfloat16
 
 
+def sync_bytes(shape: str) -> int:
+  """The HBM floor of one weight publish: the trainer's float32 master weights read (4
+  bytes a parameter) and the searcher's bfloat16 copy written (2)."""
+  from tba_jax import model
+  return model.count_params(architecture(shape)) * (4 + 2)
+
+
 def step(shape: str, r: dict, c: dict, chip: dict) -> dict:
   """Predicted seconds of one TBA step of recipe r, split (module doc)."""
   batch = 256 if r["rows"] >= 256 else r["rows"]
@@ -211,7 +248,7 @@ def step(shape: str, r: dict, c: dict, chip: dict) -> dict:
   micro = r["microbatches"]
   scoring = micro * seconds(c["scoring"], chip) * (2 if r["reward_model"] else 1)
   update = micro * seconds(c["update"], chip)
-  sync = 2 * weight_bytes(shape) / (chip["hbm_gbps"] * 1e9) / r["sync_every"]
+  sync = sync_bytes(shape) / (chip["hbm_gbps"] * 1e9) / r["sync_every"]
   return dict(sampling=sampling, scoring=scoring, update=update, sync=sync,
               total=sampling + scoring + update + sync)
 
@@ -248,11 +285,7 @@ def main(argv=None):
               f"{c[k]['xla_bytes'] / 1e9:,.1f} | " + " | ".join(cells) + " |")
       tokens = max(1, r["rows"] // r["microbatches"]) * r.get(
           "train_len", r["prompt_len"] + r["new_tokens"])
-      cells = []
-      for chip in CHIPS.values():
-        t = seconds(c["update"], chip)
-        mfu = c["update"]["flops"] / (t * chip["tflops"] * 1e12)
-        cells.append(f"{tokens / t:,.0f} tok/s, MFU {100 * mfu:.0f}%")
+      cells = [f"{tokens / seconds(c['update'], chip):,.0f} tok/s" for chip in CHIPS.values()]
       print(f"| {sh} | update | {c['update']['flops'] / 1e9:,.0f} | "
             f"{c['update']['bytes'] / 1e9:,.1f} | {c['update']['xla_bytes'] / 1e9:,.0f} | "
             + " | ".join(cells) + " |")

@@ -1,10 +1,14 @@
 """The compiled cost model (benchmarks/roofline.py) and the simulated pod (benchmarks/pod.py):
 layer extrapolation equals a full unrolled compile, the roofline bound, the HLO collective
-counter, the measured-beside-predicted table."""
+counter and its replica groups, the collective time within and across nodes, the
+measured-beside-predicted table."""
+import math
+
 import jax
 import pytest
 
 from benchmarks import measured_vs_predicted, pod, roofline
+from tba_jax import model
 
 SMALL = dict(prompt_len=8, new_tokens=8, rows=4, microbatches=2, sync_every=2, reward_model=False)
 
@@ -47,8 +51,36 @@ def test_pod_counts_collectives_and_multiplies_the_layer_loop_body():
   got = pod.collectives(hlo)  # the all-gather: 5 layers x 2 micro-batches
   assert got == {"all-gather": (10, 10 * 8 * 128 * 2), "all-reduce": (1, 1024),
                  "reduce-scatter": (1, 16)}
-  assert pod.link_seconds({"all-reduce": (1, 1e9)}, 2, 1.0) == pytest.approx(1.0)
-  assert pod.link_seconds({"all-gather": (1, 1e9)}, 4, 1.0) == pytest.approx(0.75)
+
+
+def test_pod_reads_replica_groups_in_each_hlo_form():
+  assert pod.replica_groups("x, replica_groups={{0,2},{1,3}}, to_apply=%add") == [[0, 2], [1, 3]]
+  assert pod.replica_groups("x, replica_groups=[2,2]<=[4], dimensions={0}") == [[0, 1], [2, 3]]
+  assert pod.replica_groups("x, replica_groups=[2,2]<=[2,2]T(1,0), d") == [[0, 2], [1, 3]]
+  assert pod.replica_groups("x, replica_groups=mesh['axis_0'=2,'axis_1'=2] {'axis_0'}, d") == [
+      [0, 2], [1, 3]]
+  assert pod.replica_groups("x, replica_groups=mesh['axis_0'=2,'axis_1'=2], "
+                            "device_ids=([2,2]T(1,0)) {'axis_1'}, d") == [[0, 2], [1, 3]]
+  assert pod.replica_groups("x, source_target_pairs={{0,1},{1,0}}, d") == [[0, 1], [1, 0]]
+  assert pod.replica_groups("x, replica_groups={}, to_apply=%add") is None  # every device
+
+
+def test_pod_collective_time_within_a_node_and_across_nodes():
+  # 2 chips to a node, 1 GB/s between them, 0.25 GB/s from a chip to another node.
+  gpu = dict(link_gbps=1.0, node_chips=2, net_gbps=0.25)
+  op = lambda kind, groups: [dict(kind=kind, count=1, bytes=1e9, groups=groups)]
+  assert pod.collective_seconds(op("all-reduce", [[0, 1], [2, 3]]), gpu, 4) == pytest.approx(1.0)
+  # all 4 devices: 2 nodes, 2 of the group in each, so 2 NICs at once: 0.5 GB/s
+  assert pod.collective_seconds(op("all-gather", None), gpu, 4) == pytest.approx(0.75 / 0.5)
+  assert pod.collective_seconds(op("all-reduce", None), gpu, 4) == pytest.approx(1.5 / 0.5)
+  # one of the group in each node: one NIC
+  assert pod.collective_seconds(op("all-gather", [[0, 2], [1, 3]]), gpu, 4) == pytest.approx(2.0)
+  assert pod.collective_seconds(op("collective-permute", [[0, 1], [1, 0]]), gpu, 4) == 1.0
+  assert pod.collective_seconds(op("collective-permute", [[0, 2], [2, 0]]), gpu, 4) == 4.0
+  # a TPU slice: no network modelled past it
+  tpu = dict(link_gbps=1.0, node_chips=2, net_gbps=None)
+  assert math.isnan(pod.collective_seconds(op("all-reduce", None), tpu, 4))
+  assert pod.collective_seconds(op("all-reduce", None), tpu, 2) == pytest.approx(1.0)
 
 
 def test_measured_beside_predicted_rows():
@@ -63,7 +95,10 @@ def test_measured_beside_predicted_rows():
   assert rows["decode tok/s, batch 64"] == (32.0, pytest.approx(64.0))
   assert rows["decode tok/s, batch 256"] == (64.0, pytest.approx(128.0))
   assert rows["update tok/s"] == (5120.0, pytest.approx(16 * 640))
-  assert rows["update MFU %"] == (50.0, pytest.approx(100.0))
+  assert rows["update MFU %"] == (50.0, None)  # no prediction: the bound's is 100%
+  # the publish's floor: float32 read + bfloat16 written, 6 bytes a parameter, at 4.8 GB/s
+  n = model.count_params(roofline.architecture("rho-1b"))
+  assert rows["weight publish s (float32 -> bfloat16)"] == (0.01, pytest.approx(6 * n / 4.8e9))
 
 
 @pytest.mark.slow
