@@ -20,6 +20,7 @@ import numpy as np
 
 from benchmarks.timing import best_of
 
+
 def pythia410m(num_labels: int = 0):
   from tba_jax.model_config import ModelConfig
   # EleutherAI/pythia-410m's config.json (the SFT and reward models share it).
@@ -27,6 +28,50 @@ def pythia410m(num_labels: int = 0):
                      num_kv_heads=16, head_dim=64, norm="layer", parallel_residual=True,
                      rotary_fraction=0.25, activation="gelu", gated_mlp=False, qkv_bias=True,
                      bias=True, model_type="gpt_neox", num_labels=num_labels)
+
+
+def measure(cfg, rm_cfg, *, prompts: int, samples: int, prompt_len: int, new_tokens: int,
+            repeats: int, max_prompt_len: int = 512) -> dict[str, float]:
+  """Seconds of one searcher step and of its three parts (module doc) for a policy and
+  reference of `cfg` and a reward model of `rm_cfg`, random weights on one device."""
+  import jax
+
+  from tba_jax import model, sharding, weight_sync
+  from tba_jax.sampler import Sampler
+  from tba_jax.searcher import PromptStream, Searcher, StaticRows
+  from tba_jax.tasks import Problem, RewardBatch, tldr
+
+  mesh = sharding.make_mesh("searcher", jax.devices()[:1])
+  place = lambda c, seed: model.init_params(c, seed, sharding.param_shardings(c, "searcher", mesh))
+  policy, reference, reward_params = place(cfg, 0), place(cfg, 1), place(rm_cfg, 2)
+
+  class RandomReward(tldr.Reward):  # the task's reward stage, over these random weights
+    def load(self, mesh):
+      return rm_cfg, reward_params
+
+  rng = np.random.default_rng(0)
+  ids = list(range(prompts))
+  prompt_tokens = {i: [int(t) for t in rng.integers(2, cfg.vocab_size, prompt_len)] for i in ids}
+  sampler = Sampler(cfg, max_new_tokens=new_tokens, temperature=0.7, pad_id=1, mesh=mesh)
+  searcher = Searcher(
+      0, rows=StaticRows(sampler), ref_params=reference, mailbox=weight_sync.Mailbox(0, policy),
+      stream=PromptStream(ids, seed=0), prompt_tokens=prompt_tokens,
+      problems={i: Problem(i, {"query": ""}) for i in ids}, decode=lambda c: "",
+      reward=RandomReward("random", no_eos_reward=-1.0, pad_id=1).build(mesh),
+      num_prompts=prompts, num_samples=samples, max_prompt_len=max_prompt_len, seed=0)
+  rows = [prompt_tokens[i] for i in ids for _ in range(samples)]
+  out = sampler(policy, rows, jax.random.key(0))
+  completions = [out.tokens[r, :out.lengths[r]] for r in range(len(rows))]
+  batch = RewardBatch(problems=[Problem(0, {"query": ""})] * len(rows), prompts=rows,
+                      completions=completions, ended_with_eos=np.zeros(len(rows), bool),
+                      texts=[""] * len(rows))
+  # The reference's log-probs as Searcher.score computes them.
+  reference_logprobs = lambda: searcher._teacher_forced(
+      searcher.ref_model_config, searcher.ref_params, rows, completions)
+  best = lambda fn: best_of(fn, repeats, warmup=1)[0]
+  return {"step": best(searcher.search_once),
+          "sampling": best(lambda: sampler(policy, rows, jax.random.key(1))),
+          "reference": best(reference_logprobs), "reward": best(lambda: searcher.reward(batch))}
 
 
 def main():
@@ -40,43 +85,11 @@ def main():
 
   import jax
 
-  from tba_jax import model, sharding, weight_sync
-  from tba_jax.sampler import Sampler
-  from tba_jax.searcher import PromptStream, Searcher, StaticRows
-  from tba_jax.tasks import Problem, RewardBatch, tldr
-
-  mesh = sharding.make_mesh("searcher", jax.devices()[:1])
-  cfg, rm_cfg = pythia410m(), pythia410m(num_labels=1)
-  place = lambda c, seed: model.init_params(c, seed, sharding.param_shardings(c, "searcher", mesh))
-  policy, reference, reward_params = place(cfg, 0), place(cfg, 1), place(rm_cfg, 2)
-
-  class RandomReward(tldr.Reward):  # the task's reward stage, over these random weights
-    def load(self, mesh):
-      return rm_cfg, reward_params
-
-  rng = np.random.default_rng(0)
-  ids = list(range(args.prompts))
-  prompts = {i: [int(t) for t in rng.integers(2, cfg.vocab_size, args.prompt_len)] for i in ids}
-  sampler = Sampler(cfg, max_new_tokens=args.new_tokens, temperature=0.7, pad_id=1, mesh=mesh)
-  searcher = Searcher(
-      0, rows=StaticRows(sampler), ref_params=reference, mailbox=weight_sync.Mailbox(0, policy),
-      stream=PromptStream(ids, seed=0), prompt_tokens=prompts,
-      problems={i: Problem(i, {"query": ""}) for i in ids}, decode=lambda c: "",
-      reward=RandomReward("random", no_eos_reward=-1.0, pad_id=1).build(mesh),
-      num_prompts=args.prompts, num_samples=args.samples, max_prompt_len=512, seed=0)
-  rows = [prompts[i] for i in ids for _ in range(args.samples)]
-  out = sampler(policy, rows, jax.random.key(0))
-  completions = [out.tokens[r, :out.lengths[r]] for r in range(len(rows))]
-  batch = RewardBatch(problems=[Problem(0, {"query": ""})] * len(rows), prompts=rows,
-                              completions=completions, ended_with_eos=np.zeros(len(rows), bool),
-                              texts=[""] * len(rows))
-
-  step_s = best_of(searcher.search_once, args.repeats, warmup=1)[0]
-  sample_s = best_of(lambda: sampler(policy, rows, jax.random.key(1)), args.repeats, warmup=1)[0]
-  reference_s = best_of(lambda: searcher._reference_logprobs(rows, completions), args.repeats,
-                        warmup=1)[0]
-  reward_s = best_of(lambda: searcher.reward(batch), args.repeats, warmup=1)[0]
-  n = len(rows)
+  seconds = measure(pythia410m(), pythia410m(num_labels=1), prompts=args.prompts,
+                    samples=args.samples, prompt_len=args.prompt_len,
+                    new_tokens=args.new_tokens, repeats=args.repeats)
+  step_s, sample_s = seconds["step"], seconds["sampling"]
+  n = args.prompts * args.samples
   print(f"Pythia-410M shapes (policy, reference, reward model), float32, random weights, "
         f"{os.cpu_count()} CPU threads, jax {jax.__version__}; one searcher step: "
         f"{args.prompts} prompts x {args.samples} samples = {n} rows, prompt {args.prompt_len} "
@@ -84,8 +97,8 @@ def main():
   print(f"  search_once (all of it)      {step_s:8.2f} s  ({n / step_s:.2f} completions/s)")
   print(f"  sampling                     {sample_s:8.2f} s  "
         f"({n * args.new_tokens / sample_s:.1f} new tokens/s)")
-  print(f"  reference log-probs (512+{args.new_tokens}) {reference_s:6.2f} s")
-  print(f"  reward model                 {reward_s:8.2f} s")
+  print(f"  reference log-probs (512+{args.new_tokens}) {seconds['reference']:6.2f} s")
+  print(f"  reward model                 {seconds['reward']:8.2f} s")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import dataclasses
 from experiments import launch
 from tba_jax import config_builders
 from tba_jax.errors import ConfigError
-from tba_jax.tasks import gsm8k, tool_use
+from tba_jax.tasks import gsm8k, tool_use, tools
 
 
 def _environment(task):
@@ -15,9 +15,9 @@ def _environment(task):
   try:
     return tool_use.environment(t.tool, max_turns=t.max_turns, max_turn_tokens=t.max_turn_tokens,
                                 max_reply_tokens=t.max_reply_tokens, timeout_s=t.timeout_s,
-                                num_workers=t.num_workers, stop=tuple(t.stop.split(",")),
-                                bare_calls=t.bare_calls)
-  except ValueError as e:
+                                num_workers=t.num_workers, score=t.score,
+                                stop=tuple(t.stop.split(",")), bare_calls=t.bare_calls)
+  except (ValueError, tools.SandboxUnavailable) as e:  # a machine without the sandbox too
     raise ConfigError(f"task.tools: {e}") from None
 
 

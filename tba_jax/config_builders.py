@@ -368,8 +368,8 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
                       top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
                       pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=s.min_new_tokens,
                       end_with_eos=s.end_with_eos, length_buckets=s.length_buckets)
-    turns = (None if task.environment is None else
-             (task.environment, tokenizer.encode, tokenizer.decode))
+    turns = (None if task.environment is None else  # replies read as plain text
+             (task.environment, tokenizer.encode_text, tokenizer.decode))
     try:
       # sampler.kv_pages: 0 = auto (from the devices' free memory), -1 = full rows. On
       # devices the trainer's params live on (one device: alternate mode) the update's
@@ -382,7 +382,7 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
       rows = (StreamingRows(sampler, num_slots=s.num_slots, in_flight_updates=in_flight_updates,
                             turns=turns, **pages)
               if s.num_slots else
-              TurnRows(TurnSampler(sampler, task.environment, tokenizer.encode, tokenizer.decode))
+              TurnRows(TurnSampler(sampler, *turns))
               if task.environment is not None else StaticRows(sampler))
     except ValueError as e:  # num_slots that the searcher's devices cannot split
       raise ConfigError(f"sampler.num_slots={s.num_slots}: {e}") from None
@@ -433,7 +433,7 @@ def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelC
       return sampler
     # With turns: each row's problem found by its prompt's tokens (the env's reply sees it).
     by_prompt = {tuple(t): p for t, p in zip(prompt_tokens, problems)}
-    return TurnSampler(sampler, task.environment, tokenizer.encode, tokenizer.decode,
+    return TurnSampler(sampler, task.environment, tokenizer.encode_text, tokenizer.decode,
                        problems=by_prompt)
 
   return Evaluator(

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import tqdm
 
-from tba_jax.tasks import Problem, RewardBatch, RewardFn
+from tba_jax.tasks import Problem, RewardBatch, RewardFn, reward_texts
 
 # generate(params, prompts, key) -> Rollouts (a sampler.Sampler)
 GenerateFn = Callable
@@ -93,7 +93,8 @@ class Evaluator:
           problems=[self.problems[i] for i in chunk], prompts=prompts, completions=completions,
           ended_with_eos=np.array([c.size > 0 and int(c[-1]) in self.eos_ids
                                    for c in completions]),
-          texts=[self.decode(c) for c in completions])
+          texts=reward_texts(self.decode, completions,  # TurnRollouts: what the reward reads
+                             getattr(out, "reward_mask", None)))
       rewards[start:start + len(chunk)] = self.reward(batch)
       batches.append(batch)
       bar.update(len(chunk))

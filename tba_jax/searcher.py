@@ -42,7 +42,7 @@ from tba_jax import sharding
 from tba_jax.entries import Entry, normalized
 from tba_jax.model import ModelConfig, Params
 from tba_jax.sampler import Sampler
-from tba_jax.tasks import Problem, RewardBatch, RewardFn
+from tba_jax.tasks import Problem, RewardBatch, RewardFn, reward_texts
 from tba_jax.weight_sync import Mailbox
 
 
@@ -119,13 +119,17 @@ class SearchStats:
   reward_sum: float = 0.0
   tokens: int = 0
   mismatch: float = float("nan")  # the latest sampler-vs-trainer check (_check_mismatch)
-  # Multi-turn rows (zero without an environment): model turns, tool calls, tool errors and
-  # seconds in the environment's replies, summed over samples; correct samples (reward > 0)
-  # and those of them that called a tool.
+  # Multi-turn rows (zero without an environment), summed over samples: model turns; tool
+  # calls, tool errors, reply functions that raised (an error reply went back) and seconds in
+  # the environment's replies, of the replies that entered the context; replies that did not
+  # fit in their row (it ended there, uncounted above); correct samples (reward > 0) and
+  # those of them that called a tool.
   turns: int = 0
   tool_calls: int = 0
   tool_errors: int = 0
+  reply_failures: int = 0
   tool_seconds: float = 0.0
+  replies_dropped: int = 0
   correct: int = 0
   correct_with_tool: int = 0
 
@@ -141,12 +145,17 @@ class Sample:
   first_version: int              # the version its prompt was prefilled under (staleness)
   last_version: int               # the version of its last decode step
   # Multi-turn rows (turns.TurnRows): 1 = a token the model generated, 0 = an environment's
-  # reply (None: all the model's), and what the row's environment did.
+  # reply (None: all the model's); 1 = a token whose text the reward reads (None: all; the
+  # environment's score, tasks.environment.SCORES); what the row's environment did
+  # (SearchStats).
   model_mask: np.ndarray | None = None
+  reward_mask: np.ndarray | None = None
   turns: int = 1
   tool_calls: int = 0
   tool_errors: int = 0
+  reply_failures: int = 0
   tool_seconds: float = 0.0
+  replies_dropped: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,12 +377,14 @@ class Searcher:
     rewards = np.asarray(self.reward(RewardBatch(
         problems=[self.problems[group.prompt_id] for group, _ in rows], prompts=prompts,
         completions=completions, ended_with_eos=ended,
-        texts=[self.decode(c) for c in completions])), np.float32)
+        texts=reward_texts(self.decode, completions, [s.reward_mask for _, s in rows]))),
+        np.float32)
     if rewards.shape != (len(rows),):
       raise ValueError(f"the reward stage returned shape {rewards.shape} for {len(rows)} "
                        "completions; expected one reward per completion")
     ref = self._teacher_forced(self.ref_model_config, self.ref_params, prompts, completions)
-    if policy is not None and self.mismatch_every and         self.stats.num_batches % self.mismatch_every == 0:
+    if (policy is not None and self.mismatch_every and
+        self.stats.num_batches % self.mismatch_every == 0):
       self._check_mismatch(policy, rows, prompts)
     return [Entry(prompt_id=group.prompt_id, prompt=prompts[r], completion=sample.tokens,
                   reward=float(rewards[r]), ref_logprobs=ref[r, :sample.tokens.size],
@@ -400,7 +411,9 @@ class Searcher:
       st.turns += sample.turns
       st.tool_calls += sample.tool_calls
       st.tool_errors += sample.tool_errors
+      st.reply_failures += sample.reply_failures
       st.tool_seconds += sample.tool_seconds
+      st.replies_dropped += sample.replies_dropped
       st.correct += entry.reward > 0
       st.correct_with_tool += entry.reward > 0 and sample.tool_calls > 0
 

@@ -60,6 +60,12 @@ class Tokenizer:
     """The text's own tokens, no special tokens added (prompts: `encode_prompt`)."""
     return self.hf.encode(text, add_special_tokens=False)
 
+  def encode_text(self, text: str) -> list[int]:
+    """`encode` with special-token strings spelled as ordinary text, never parsed into their
+    ids: what the model reads of an environment's reply (a tool that prints "<|im_end|>"
+    must not end the model's turn in its context; tba_jax/turns.py)."""
+    return self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+
   def encode_prompt(self, text: str, templated: bool = False) -> list[int]:
     """A prompt's ids, BOS per `add_bos` (module docstring).
 

@@ -13,11 +13,15 @@ row, and a slot whose row finished takes the next queued row. A row's turn ends 
 sequence (the environment's stop strings as tokens, checked on device), or at its turn's
 token limit; the chunk then ends so that the host can hand the turn to the environment.
 Replies run in a thread pool while the other rows keep decoding (a slow tool stalls only
-its own row). A reply is tokenized once, and those ids are what the model sees: they are
-appended to the row's cache by a forward of the new tokens alone (the row's last sampled
-token and the reply; nothing before it is recomputed) and written into the row's columns,
-whose model mask is 0 there. The trajectory's tokens are therefore exactly the model's
-context: nothing is decoded and re-encoded.
+its own row); a reply function that raises is answered by environment.failure_reply
+(environment.FATAL ends the rollout). A reply is tokenized once, as plain text
+(Tokenizer.encode_text: a printed "<|im_end|>" is no special token), and those ids are what
+the model sees: they are appended to the row's cache by a forward of the new tokens alone
+(the row's last sampled token and the reply; nothing before it is recomputed) and written
+into the row's columns, whose model mask is 0 there. The trajectory's tokens are therefore
+exactly the model's context: nothing is decoded and re-encoded. A reply that does not fit
+in the row ends it (replies_dropped; the call counters count replies that entered the
+context). The reward reads each row's reward-mask tokens (environment.SCORES).
 
 A stop string the device check missed (the model spelled it with other tokens) is found on
 the host in the turn's text: the row is cut back to the shortest prefix of its turn whose
@@ -48,7 +52,7 @@ from tba_jax import sharding
 from tba_jax.model import KVCache
 from tba_jax.sampler import Sampler, SamplingOptions
 from tba_jax.searcher import Feed, Group, Sample, Sampled
-from tba_jax.tasks.environment import Environment, as_reply
+from tba_jax.tasks.environment import FATAL, SCORES, Environment, as_reply, failure_reply
 
 REPLY_BUCKETS = (8, 16, 32, 64, 128, 256, 512)
 DEFAULT_CHUNK_STEPS = 32
@@ -247,10 +251,14 @@ def _empty_pool(key, *, model_config, options, mesh, num_slots, cache_size):
 class TurnRollouts(sampler_lib.Rollouts):
   """sampler.Rollouts with each row's turns (an evaluator reads it as Rollouts)."""
   model_mask: np.ndarray = None    # [B, M] int32: 1 = a model token, 0 = reply / padding
+  reward_mask: np.ndarray = None   # [B, M] int32: 1 = a token the reward reads (module doc)
   turns: np.ndarray = None         # [B] int32: model turns
-  tool_calls: np.ndarray = None    # [B] int32
-  tool_errors: np.ndarray = None   # [B] int32
-  tool_seconds: np.ndarray = None  # [B] float64: time in the environment's replies
+  # [B] what the row's environment did (searcher.SearchStats): int32, tool_seconds float64.
+  tool_calls: np.ndarray = None
+  tool_errors: np.ndarray = None
+  reply_failures: np.ndarray = None
+  tool_seconds: np.ndarray = None
+  replies_dropped: np.ndarray = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,15 +271,22 @@ class TurnCompletion:
   first_version: Any
   last_version: Any
   model_mask: np.ndarray         # [n] int32, 0 on reply tokens
+  reward_mask: np.ndarray        # [n] int32, 1 on the tokens the reward reads
   turns: int
   tool_calls: int
   tool_errors: int
+  reply_failures: int
   tool_seconds: float
+  replies_dropped: int
 
   def sample(self) -> Sample:
     return Sample(self.tokens, self.tempered_logprobs, self.first_version, self.last_version,
-                  model_mask=self.model_mask, turns=self.turns, tool_calls=self.tool_calls,
-                  tool_errors=self.tool_errors, tool_seconds=self.tool_seconds)
+                  **{f: getattr(self, f) for f in _SAMPLE_FIELDS})
+
+
+# What a TurnCompletion hands on to its searcher.Sample (and TurnRollouts holds per row).
+_SAMPLE_FIELDS = ("model_mask", "reward_mask", "turns", "tool_calls", "tool_errors",
+                  "reply_failures", "tool_seconds", "replies_dropped")
 
 
 @dataclasses.dataclass
@@ -283,7 +298,9 @@ class _Row:
   turns: int = 1
   tool_calls: int = 0
   tool_errors: int = 0
+  reply_failures: int = 0
   tool_seconds: float = 0.0
+  replies_dropped: int = 0
   finished: bool = False
   future: Any = None
   cut: int = 0
@@ -385,8 +402,10 @@ class TurnPool:
       for start, end in row.env_columns:
         mask[start:end] = 0
       out.append(TurnCompletion(row.row_id, tokens[j, :n], logprobs[j, :n], tempered[j, :n],
-                                row.first_version, self.version, mask, row.turns,
-                                row.tool_calls, row.tool_errors, row.tool_seconds))
+                                row.first_version, self.version, mask,
+                                SCORES[self.env.score](mask), row.turns, row.tool_calls,
+                                row.tool_errors, row.reply_failures, row.tool_seconds,
+                                row.replies_dropped))
       self.slots[j] = None
     return out
 
@@ -428,8 +447,13 @@ class TurnPool:
 
     def run():
       begin = time.perf_counter()
-      reply = as_reply(env.reply(problem, text))
-      return reply, time.perf_counter() - begin
+      try:
+        out = env.reply(problem, text)
+      except FATAL:
+        raise
+      except Exception as e:  # the model's turn broke the reply function: it reads why
+        out = failure_reply(e)
+      return as_reply(out), time.perf_counter() - begin
 
     row.future = self.executor.submit(run)
 
@@ -442,18 +466,20 @@ class TurnPool:
     reply, reply_len = np.full((n, r), o.pad_id, np.int32), np.zeros(n, np.int32)
     for j in ready:
       row = self.slots[j]
-      reply_out, seconds = row.future.result()
+      reply_out, seconds = row.future.result()  # re-raises environment.FATAL
       row.future = None
-      row.tool_seconds += seconds
       if reply_out is None:
         row.finished = True
         continue
-      row.tool_calls += reply_out.tool_calls
-      row.tool_errors += int(reply_out.error)
       ids = self.encode(reply_out.text)[:env.max_reply_tokens]
       if not ids or row.cut + len(ids) + 1 > m:  # no room for the reply and one more token
         row.finished = True
+        row.replies_dropped += 1
         continue
+      row.tool_calls += reply_out.tool_calls
+      row.tool_errors += int(reply_out.error)
+      row.reply_failures += int(reply_out.failed)
+      row.tool_seconds += seconds
       take[j], cut[j], plen[j] = True, row.cut, row.prompt_len
       reply[j, :len(ids)], reply_len[j] = ids, len(ids)
       row.env_columns.append((row.cut, row.cut + len(ids)))
@@ -478,8 +504,8 @@ def stop_sequences(environment: Environment, encode) -> tuple[tuple[int, ...], .
 class TurnSampler:
   """Multi-turn completions of a batch of prompts through `sampler`'s model, devices and
   decoding settings (a TurnPool as wide as the batch's bucket); `encode` / `decode` the
-  tokenizer's (text <-> ids, no special tokens added). `problems`: prompt token tuple ->
-  Problem, for callers that pass none (an evaluator)."""
+  tokenizer's (text <-> ids, no special tokens added or parsed: Tokenizer.encode_text).
+  `problems`: prompt token tuple -> Problem, for callers that pass none (an evaluator)."""
 
   def __init__(self, sampler: Sampler, environment: Environment,
                encode: Callable[[str], list[int]], decode: Callable[[Sequence[int]], str], *,
@@ -516,9 +542,12 @@ class TurnSampler:
         lengths=np.array([len(c.tokens) for c in rows], np.int32),
         num_decode_steps=max(len(c.tokens) for c in rows),
         model_mask=pad([c.model_mask for c in rows], 0, np.int32),
+        reward_mask=pad([c.reward_mask for c in rows], 0, np.int32),
         turns=field("turns", np.int32), tool_calls=field("tool_calls", np.int32),
         tool_errors=field("tool_errors", np.int32),
-        tool_seconds=field("tool_seconds", np.float64))
+        reply_failures=field("reply_failures", np.int32),
+        tool_seconds=field("tool_seconds", np.float64),
+        replies_dropped=field("replies_dropped", np.int32))
 
 
 class TurnRows:
@@ -542,10 +571,10 @@ class TurnRows:
 
     def row(r):
       k = out.lengths[r]
+      per_row = {f: getattr(out, f)[r] for f in _SAMPLE_FIELDS}
+      per_row = {f: x[:k] if np.ndim(x) else x.item() for f, x in per_row.items()}
       return Sample(out.tokens[r, :k], out.tempered_logprobs[r, :k], version, version,
-                    model_mask=out.model_mask[r, :k], turns=int(out.turns[r]),
-                    tool_calls=int(out.tool_calls[r]), tool_errors=int(out.tool_errors[r]),
-                    tool_seconds=float(out.tool_seconds[r]))
+                    **per_row)
 
     groups = [Group(i, temperature, tuple(row(k * s + j) for j in range(s)))
               for k, i in enumerate(ids)]

@@ -83,3 +83,142 @@ def test_every_tools_recipe_passes_the_config_check_and_builds_its_task(monkeypa
   a, b = (int(x) for x in task.train[0].fields["question"].split("?")[0].split()[-3::2])
   assert 100 <= a < 1000 and 100 <= b < 1000 and task.train[0].target == a * b
   assert task.environment.reply(None, "<tool>123 * 456</tool>").text == "<result>56088</result>"
+
+
+def _tool_task(variant, *overrides):
+  """(config, the byte tokenizer, the task) of configs/tools.py's `variant`, as
+  experiments.tools builds it."""
+  from configs import tools as tools_config
+  from experiments import tools as tools_experiment
+  from tba_jax.tokenizer import byte_tokenizer
+  c, tok = tools_config.get_config(",".join((variant,) + overrides)), byte_tokenizer()
+  return c, tok, tools_experiment.TASKS[c.task.name](c.task, tok)
+
+
+def _transcript(tok, *turns):
+  """(tokens, model_mask) of (text, by_the_model) turns, EOS after the last; replies are
+  encoded as the run encodes them."""
+  tokens, mask = [], []
+  for text, own in turns:
+    ids = tok.encode(text) if own else tok.encode_text(text)
+    tokens += ids
+    mask += [int(own)] * len(ids)
+  return (np.array(tokens + [tok.eos_ids[0]], np.int32), np.array(mask + [1], np.int32))
+
+
+CALL = ("123 * 456</tool>", True)
+RESULT = ("<result>56088</result>", False)
+ANSWER = (" The answer is 56088.", True)
+
+
+@pytest.mark.parametrize("score, want", [("last_turn", [0.0, 1.0]), ("transcript", [1.0, 1.0])])
+def test_a_tools_printed_result_is_not_the_models_final_answer(tiny_cfg, score, want):
+  """The cpu recipe's task: `123 * 456</tool><result>56088</result>` then EOS holds no answer
+  of the model's (reward 0), the same followed by its turn "The answer is 56088." does (1), in
+  the searcher's reward batch and in the evaluation alike; task.tools.score=transcript reads
+  the tool's output as before."""
+  import dataclasses
+
+  import jax
+
+  from tba_jax import sharding, weight_sync
+  from tba_jax.evaluation import Evaluator
+  from tba_jax.model import init_params
+  from tba_jax.sampler import Sampler
+  from tba_jax.searcher import Group, PromptStream, Sample, Searcher, StaticRows
+  from tba_jax.tasks import Problem, as_stage
+  from tba_jax.tasks.environment import SCORES
+  from tba_jax.turns import TurnRollouts
+  _, tok, task = _tool_task("cpu", f"task.tools.score={score}")
+  assert task.environment.score == score
+  problem = Problem(0, {"question": "What is 123 * 456?"}, 56088.0)
+  prompt = tok.encode_prompt(task.prompt(problem))
+  rows = [_transcript(tok, CALL, RESULT), _transcript(tok, CALL, RESULT, ANSWER)]
+  reward_masks = [SCORES[score](mask) for _, mask in rows]  # what the turn pool hands on
+
+  # The searcher's reward batch (Searcher.score).
+  cfg = dataclasses.replace(tiny_cfg, vocab_size=tok.vocab_size)
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  params = weight_sync.publish(init_params(cfg, 0), sharding.param_shardings(cfg, "searcher", mesh))
+  sampler = Sampler(cfg, max_new_tokens=64, eos_ids=tok.eos_ids, pad_id=tok.pad_id, mesh=mesh)
+  searcher = Searcher(
+      0, rows=StaticRows(sampler), ref_params=params, mailbox=weight_sync.Mailbox(0, params),
+      stream=PromptStream([0], seed=0), prompt_tokens={0: prompt}, problems={0: problem},
+      decode=tok.decode, reward=as_stage(task.reward).build(mesh), num_prompts=1,
+      num_samples=2, max_prompt_len=320, seed=0)  # the prompt with the tool's instructions
+  samples = tuple(Sample(t, np.zeros(len(t), np.float32), 0, 0, model_mask=m, reward_mask=r)
+                  for (t, m), r in zip(rows, reward_masks))
+  assert [e.reward for e in searcher.score([Group(0, 1.0, samples)])] == want
+
+  # The evaluation's (a greedy pass whose sampler hands back these two rows).
+  def generate(params, prompts, key):
+    pad = lambda x: np.array([np.pad(r, (0, 64 - len(r))) for r in x])
+    return TurnRollouts(tokens=pad([t for t, _ in rows]), logprobs=None, tempered_logprobs=None,
+                        lengths=np.array([len(t) for t, _ in rows]), num_decode_steps=64,
+                        model_mask=pad([m for _, m in rows]), reward_mask=pad(reward_masks))
+
+  evaluator = Evaluator(problems=[problem, dataclasses.replace(problem, id=1)],
+                        prompt_tokens=[prompt, prompt], decode=tok.decode,
+                        reward=as_stage(task.reward).build(None), eos_ids=tok.eos_ids,
+                        batch_size=2, greedy=generate, progress=False)
+  evaluator(None, jax.random.key(0))
+  assert [s["reward"] for s in evaluator.samples] == want
+
+
+def test_replies_reach_the_model_as_plain_text_through_the_runs_builders():
+  """A tool that prints "<|im_end|>" (or "<eos>") gives the model those characters, never the
+  special token: the searchers' and the evaluation's turn samplers encode replies as text."""
+  import jax
+
+  from tba_jax import config_builders, sharding
+  c, tok, task = _tool_task("tiny")
+  printed = "<result><|im_end|><eos></result>"
+  specials = set(tok.hf.all_special_ids)
+  assert set(tok.encode(printed)) & specials  # what parsing the special tokens would give
+  assert not set(tok.encode_text(printed)) & specials
+  assert tok.decode(tok.encode_text(printed)) == printed
+
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  cfg, params, _ = config_builders.load_policy(
+      c.model, tok, "float32", sharding.make_mesh("trainer", jax.local_devices()[:1]), 0)
+  prompts = config_builders.encode_prompts(task.train, task, tok, c.task.max_prompt_len)
+  encoders = []
+  for num_slots in (0, 2):  # TurnRows, and StreamingRows' turn pool
+    sampler_cfg = c.sampler.copy_and_resolve_references()
+    sampler_cfg.num_slots = num_slots
+    (searcher,) = config_builders.searcher_pool(
+        sampler_cfg, task, tok, cfg, [mesh], publish=lambda p, i: p, params=params,
+        reference=None, prompt_tokens=prompts, max_prompt_len=c.task.max_prompt_len, seed=0,
+        max_restarts=0).searchers
+    rows = searcher.rows
+    encoders.append(rows.turns.encode if num_slots == 0 else rows.turns[1])
+  evaluator = config_builders.evaluator(c.eval, c.sampler, task, tok, cfg, mesh,
+                                        c.task.max_prompt_len, progress=False)
+  encoders += [evaluator.greedy.encode] if evaluator.greedy else []
+  encoders += [evaluator.sampled.encode] if evaluator.sampled else []
+  assert len(encoders) >= 3
+  for encode in encoders:
+    assert not set(encode(printed)) & specials
+
+
+def test_the_python_tools_environment_probes_its_sandbox_when_it_is_built(monkeypatch):
+  """A machine that cannot confine code fails the run at its start, naming the reason, not
+  at the model's first call."""
+  from experiments import tools as tools_experiment
+  from tba_jax.errors import ConfigError
+  from tba_jax.tasks import tool_use, tools
+
+  def refused(timeout_s=10.0):
+    raise tools.SandboxUnavailable("namespaces refused: unshare: Operation not permitted")
+
+  monkeypatch.setattr(tool_use, "check_sandbox", refused)
+  with pytest.raises(tools.SandboxUnavailable, match="Operation not permitted"):
+    tool_use.environment("python", max_turns=2, max_turn_tokens=8, max_reply_tokens=8,
+                         timeout_s=1.0, num_workers=1, score="last_turn")
+  from configs import tools as tools_config
+  c = tools_config.get_config("qwen_gsm8k")
+  with pytest.raises(ConfigError, match="task.tools: .*Operation not permitted"):
+    tools_experiment._environment(c.task)
+  monkeypatch.undo()
+  assert tool_use.environment("calculator", max_turns=2, max_turn_tokens=8, max_reply_tokens=8,
+                              timeout_s=1.0, num_workers=1, score="last_turn").score == "last_turn"

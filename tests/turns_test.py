@@ -14,7 +14,8 @@ from tba_jax.model import init_params
 from tba_jax.sampler import Sampler
 from tba_jax.searcher import PromptStream, Searcher
 from tba_jax.tasks import Problem
-from tba_jax.tasks.environment import Environment, Reply
+from tba_jax.tasks.environment import SCORES, Environment, Reply
+from tba_jax.tasks.tools import SandboxUnavailable
 from tba_jax.turns import TurnRows, TurnSampler
 
 EOS = 3
@@ -133,7 +134,8 @@ def test_turn_rows_make_entries_with_model_masks(tiny_cfg):
   entries = searcher.buffer.drain_new()
   assert any((e.model_mask == 0).any() for e in entries)
   for e, text in zip(entries, seen[0].texts):
-    assert text == decode(e.completion)  # the reward stage sees the whole transcript
+    # The reward stage reads the model's last turn (Environment.score's default).
+    assert text == decode(e.completion[SCORES["last_turn"](e.model_mask) > 0])
     assert (e.behaviour_logprobs[e.model_mask == 0] == 0).all()
   assert searcher.stats.turns >= 4 and searcher.stats.tool_calls > 0
 
@@ -165,3 +167,68 @@ def test_streaming_rows_with_turns_refill_slots_and_keep_the_trajectory_exact(ti
     own = e.model_mask > 0
     np.testing.assert_allclose(e.behaviour_logprobs[own], tf[i, :e.length][own], atol=2e-5)
     np.testing.assert_allclose(e.ref_logprobs[own], tf[i, :e.length][own], atol=2e-5)
+
+
+@pytest.mark.parametrize("score", ["last_turn", "transcript"])
+def test_the_reward_mask_is_the_last_model_turn_or_the_whole_transcript(tiny_cfg, score):
+  params = init_params(tiny_cfg, 1)
+  out = TurnSampler(_sampler(tiny_cfg), _env(score=score), encode, decode)(
+      params, [[5, 6, 7]] * 4, jax.random.key(0))
+  assert out.tool_calls.sum() > 0
+  for i in range(4):
+    n, own, read = out.lengths[i], out.model_mask[i], out.reward_mask[i]
+    assert not read[n:].any()
+    if score == "transcript":
+      assert read[:n].all()
+      continue
+    last_reply = max(np.flatnonzero(own[:n] == 0), default=-1)  # the turn starts after it
+    np.testing.assert_array_equal(np.flatnonzero(read), np.arange(last_reply + 1, n))
+
+
+def test_a_reply_function_that_raises_answers_with_an_error_reply_and_is_counted(tiny_cfg):
+  """The model's turn broke the reply function (e.g. a NUL in its code): the row reads an
+  error reply and goes on, and the failure is counted, instead of the batch failing."""
+  params = init_params(tiny_cfg, 1)
+  calls = []
+
+  def reply(problem, text):
+    calls.append(text)
+    if len(calls) % 2:
+      raise ValueError("embedded null byte")
+    return "<ok>"
+
+  out = TurnSampler(_sampler(tiny_cfg, max_new_tokens=64), _env(reply, max_reply_tokens=40),
+                    encode, decode)(params, [[5, 6, 7]] * 4, jax.random.key(0))
+  failures = int(out.reply_failures.sum())
+  assert failures > 0 and out.tool_errors.sum() >= failures
+  texts = [decode(out.tokens[i, :out.lengths[i]]) for i in range(4)]
+  assert sum(t.count("error: ValueError: embedded null byte") for t in texts) == failures
+
+
+def test_an_unavailable_sandbox_ends_the_rollout_instead_of_becoming_a_reply(tiny_cfg):
+  def reply(problem, text):
+    raise SandboxUnavailable("no namespaces here")
+
+  turns = TurnSampler(_sampler(tiny_cfg), _env(reply), encode, decode)
+  with pytest.raises(SandboxUnavailable, match="no namespaces"):
+    turns(init_params(tiny_cfg, 1), [[5, 6, 7]] * 4, jax.random.key(0))
+
+
+def test_calls_count_only_replies_that_entered_the_context(tiny_cfg):
+  """A reply with no room left in its row ends the row: it is counted in replies_dropped,
+  not in the calls, errors and seconds of the replies the model read."""
+  params = init_params(tiny_cfg, 1)
+  called = []
+
+  def reply(problem, text):
+    called.append(problem)
+    return Reply("<errorr>", error=True)  # 8 tokens, all of them kept (max_reply_tokens)
+
+  out = TurnSampler(_sampler(tiny_cfg, max_new_tokens=20), _env(reply, max_turns=8), encode,
+                    decode)(params, [[5, 6, 7]] * 8, jax.random.key(0), problems=list(range(8)))
+  assert out.replies_dropped.sum() > 0
+  assert len(called) == out.tool_calls.sum() + out.replies_dropped.sum()
+  for i in range(8):
+    replies = int((out.model_mask[i, :out.lengths[i]] == 0).sum())
+    assert replies == 8 * out.tool_calls[i] == 8 * out.tool_errors[i]
+    assert out.tool_seconds[i] == 0 or out.tool_calls[i] > 0

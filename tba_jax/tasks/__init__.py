@@ -43,10 +43,24 @@ class RewardBatch:
   prompts: Sequence[Sequence[int]]   # [N] prompt token ids, as sampled (BOS included)
   completions: Sequence[np.ndarray]  # [N] completion token ids, the EOS token included
   ended_with_eos: np.ndarray         # [N] bool; False = cut off at the length limit
-  texts: Sequence[str]               # [N] decoded completions (special tokens skipped)
+  # [N] what the reward reads (special tokens skipped): the decoded completion, or of a
+  # multi-turn row the tokens its environment's `score` picks (reward_texts).
+  texts: Sequence[str]
 
   def __len__(self) -> int:
     return len(self.problems)
+
+
+def reward_texts(decode: Callable[[Sequence[int]], str], completions: Sequence[np.ndarray],
+                 reward_masks: Sequence[np.ndarray | None] | None = None) -> list[str]:
+  """RewardBatch.texts of `completions`: each one decoded, where its reward mask is 1 (a
+  multi-turn row's: tasks.environment.SCORES, e.g. the model's last turn only, so that a
+  tool's output is not read as the model's answer; padded rows are cut to the completion's
+  length); all of it where the mask (or `reward_masks`) is None. The searchers' reward batches
+  and the evaluation's both come from here."""
+  masks = [None] * len(completions) if reward_masks is None else reward_masks
+  return [decode(c if m is None else np.asarray(c)[np.asarray(m)[:len(c)] > 0])
+          for c, m in zip(completions, masks)]
 
 
 RewardFn = Callable[[RewardBatch], np.ndarray]  # -> float32 [N]

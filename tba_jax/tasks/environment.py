@@ -14,10 +14,17 @@ A trajectory of a task with an environment:
                      text, which is tokenized and appended to the row's KV cache, and the model
                      continues; None: the trajectory is done. A turn that ended at EOS or a
                      limit is the last one, and so is the `max_turns`-th;
-  reward             the task's reward stage, as for any task, over the whole transcript (the
-                     RewardBatch's completion and text hold every turn and every reply).
+  reward             the task's reward stage, as for any task. Its RewardBatch's completion holds
+                     every turn and every reply; its text is what the environment's `score`
+                     picks (SCORES): the model's last turn by default, so that a tool's printed
+                     output is never taken for the model's final answer, or the transcript.
 The replies' tokens are conditioning: the entry's model_mask is 0 there, so no log pi, log
 pi_ref or baseline counts them (tba_jax/turns.py samples the turns).
+
+A reply function that raises is the model's doing (its code broke the tool): the row gets an
+error reply (`failure_reply`) and the run counts it; SandboxUnavailable, the machine's
+doing, is raised instead (FATAL), and a tool that needs the sandbox probes it when its
+environment is built (tasks/tool_use.py).
 """
 from __future__ import annotations
 
@@ -25,7 +32,14 @@ import dataclasses
 import re
 from typing import Any, Callable, Mapping
 
+import numpy as np
+
 from tba_jax.tasks import Problem
+from tba_jax.tasks.tools import SandboxUnavailable
+
+# Reply failures that stop the rollout instead of becoming an error reply: the machine, not
+# the model's turn, is at fault, and every later call would fail the same way.
+FATAL = (SandboxUnavailable,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +48,32 @@ class Reply:
   text: str
   tool_calls: int = 1   # tool calls this reply answers (0: a plain message)
   error: bool = False   # the tool failed (an error string went back to the model)
+  failed: bool = False  # the reply function raised; this is failure_reply's text
 
 
 # (the row's problem, or None where the caller has none; the model's turn text, the stop
 # string included) -> a Reply, a plain string (one successful tool call), or None: done.
 ReplyFn = Callable[[Problem | None, str], "Reply | str | None"]
+
+
+def _last_turn(model_mask: np.ndarray) -> np.ndarray:
+  """1 on the last maximal run of model tokens (the model's final turn), 0 elsewhere."""
+  own = np.asarray(model_mask) > 0
+  out = np.zeros(own.shape, np.int32)
+  if own.any():
+    end = own.size - int(np.argmax(own[::-1]))  # one past the last model token
+    out[end - int(np.argmin(np.append(own[:end][::-1], False))):end] = 1  # back to its start
+  return out
+
+
+# Environment.score (config task.tools.score) -> fn(model_mask [n]) -> reward_mask [n]: 1 on
+# the tokens whose text the task's reward reads (tasks.reward_texts).
+SCORES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    # The model's own final turn: a task that asks for a final answer.
+    "last_turn": _last_turn,
+    # Every turn and every reply: a task whose reward reads the whole exchange.
+    "transcript": lambda model_mask: np.ones(np.shape(model_mask), np.int32),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +85,11 @@ class Environment:
   max_turn_tokens: int = 64    # tokens of one model turn
   max_reply_tokens: int = 32   # tokens of one reply (longer ones are cut)
   num_workers: int = 8         # threads running replies (tools) beside the decode loop
+  score: str = "last_turn"     # what the reward reads (SCORES): "last_turn" | "transcript"
 
   def __post_init__(self):
+    if self.score not in SCORES:
+      raise ValueError(f"Environment.score={self.score!r}: choose from {sorted(SCORES)}")
     if not self.stop or not all(self.stop):
       raise ValueError(f"Environment.stop={self.stop!r}: needs at least one non-empty string")
     for name in ("max_turns", "max_turn_tokens", "max_reply_tokens", "num_workers"):
@@ -65,6 +103,11 @@ def as_reply(out: Reply | str | None) -> Reply | None:
   if isinstance(out, str):
     return Reply(out)
   raise TypeError(f"an environment's reply must be a Reply, a str or None; got {type(out)}")
+
+
+def failure_reply(error: Exception) -> Reply:
+  """The error reply that stands for a reply function that raised (module doc)."""
+  return Reply(f"error: {type(error).__name__}: {error}", error=True, failed=True)
 
 
 _CALL = re.compile(r"<tool>(.*?)</tool>\s*$", re.S)

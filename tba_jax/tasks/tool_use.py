@@ -17,7 +17,7 @@ import numpy as np
 
 from tba_jax.tasks import Problem
 from tba_jax.tasks.environment import Environment, tool_reply
-from tba_jax.tasks.tools import calculator, run_python
+from tba_jax.tasks.tools import calculator, check_sandbox, run_python
 
 # What each tool's prompt suffix tells the model, and the tool a bare call goes to.
 INSTRUCTIONS = {
@@ -55,15 +55,19 @@ def multiplication_problems(digits: int, num_train: int, num_test: int, *, seed:
 
 
 def environment(tool: str, *, max_turns: int, max_turn_tokens: int, max_reply_tokens: int,
-                timeout_s: float, num_workers: int, stop: tuple[str, ...] = ("</tool>",),
-                bare_calls: bool = False) -> Environment:
+                timeout_s: float, num_workers: int, score: str,
+                stop: tuple[str, ...] = ("</tool>",), bare_calls: bool = False) -> Environment:
   """The environment of one tool: `<tool>...</tool>` calls answered `<result>...</result>`
-  (`stop`, `bare_calls`: environment.tool_reply's; the tiny recipe's random model)."""
+  (`stop`, `bare_calls`: environment.tool_reply's; the tiny recipe's random model; `score`:
+  what the reward reads, environment.SCORES). The Python tool's sandbox is probed here, so a
+  machine that cannot confine code fails the run at its start (SandboxUnavailable), not at
+  its first call."""
   tools = {"calculator": calculator,
            "python": functools.partial(run_python, timeout_s=timeout_s)}
   if tool not in tools:
     raise ValueError(f"unknown tool {tool!r}; choose from {sorted(tools)}")
+  if tool == "python":
+    check_sandbox()  # SandboxUnavailable (with the reason) on a host that cannot confine code
   return Environment(reply=tool_reply({tool: tools[tool]}, default=tool, bare_calls=bare_calls),
-                     stop=stop,
-                     max_turns=max_turns, max_turn_tokens=max_turn_tokens,
-                     max_reply_tokens=max_reply_tokens, num_workers=num_workers)
+                     stop=stop, max_turns=max_turns, max_turn_tokens=max_turn_tokens,
+                     max_reply_tokens=max_reply_tokens, num_workers=num_workers, score=score)
