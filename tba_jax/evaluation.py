@@ -12,21 +12,33 @@ reference, e.g. for a KL); they carry their pass's name ("greedy_win_rate")
 when the evaluation runs both passes, and their own ("win_rate") when it runs
 one. With several processes, each evaluates its own stride of the problems and
 the counts are summed across processes.
+
+A stop request (`should_stop`, the run's SIGTERM / Ctrl-C) abandons an evaluation: it
+holds no state, so nothing is lost but its scores. The batch in flight is left at once
+(`_generate`), and the decision is collective: after each batch every process exchanges
+its flag (distributed.broadcast_flags; a process with fewer problems takes part in the
+other's remaining rounds), and all leave at the same round, so none is left waiting in a
+collective that another no longer calls. A process that was asked waits at that exchange
+for the others' batches in flight (none, when every host received the signal).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 import tqdm
 
+from tba_jax import distributed
 from tba_jax.tasks import Problem, RewardBatch, RewardFn, reward_texts
 
 # generate(params, prompts, key) -> Rollouts (a sampler.Sampler)
 GenerateFn = Callable
+# How often a batch in flight looks at the stop request (`_generate`).
+_POLL_S = 0.05
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -77,9 +89,10 @@ class Evaluator:
   # completion, reward), for WORKDIR/eval_samples/ (eval.save_samples).
   samples: list = dataclasses.field(default_factory=list)
 
-  def _run(self, generate, params, indices, repeats, key, desc):
+  def _run(self, generate, params, indices, repeats, key, desc, should_stop=None):
     """(rewards [len(indices), repeats], every completion as one RewardBatch) for the
-    problems at `indices`, `repeats` completions each (problem-major)."""
+    problems at `indices`, `repeats` completions each (problem-major); None when a stop
+    request ended it (`__call__`)."""
     rows = [i for i in indices for _ in range(repeats)]
     rewards, batches = np.zeros(len(rows)), []
     bar = tqdm.tqdm(total=len(rows), desc=desc, disable=not self.progress, leave=False)
@@ -87,7 +100,11 @@ class Evaluator:
       chunk = rows[start:start + self.batch_size]
       key, sub = jax.random.split(key)
       prompts = [self.prompt_tokens[i] for i in chunk]
-      out = generate(params, prompts, sub)
+      out = _generate(generate, params, prompts, sub, should_stop)
+      if out is None:  # a stop request cut this batch short
+        bar.close()
+        _stop_everywhere(should_stop)  # (True: this process asked) every process stops here
+        return None
       completions = [out.tokens[j, :out.lengths[j]] for j in range(len(chunk))]
       batch = RewardBatch(
           problems=[self.problems[i] for i in chunk], prompts=prompts, completions=completions,
@@ -98,7 +115,15 @@ class Evaluator:
       rewards[start:start + len(chunk)] = self.reward(batch)
       batches.append(batch)
       bar.update(len(chunk))
+      if _stop_everywhere(should_stop):
+        bar.close()
+        return None
     bar.close()
+    # A process with fewer rows than another (the problems do not split evenly) takes part
+    # in that one's remaining rounds: every process exchanges the flag equally often.
+    for _ in range(-(-len(rows) // self.batch_size), self._rounds(repeats)):
+      if _stop_everywhere(should_stop):
+        return None
     whole = RewardBatch(
         problems=[p for b in batches for p in b.problems],
         prompts=[p for b in batches for p in b.prompts],
@@ -126,11 +151,14 @@ class Evaluator:
       out[prefix + name] = (value.mean() if value.ndim else float(value)) * num_problems
     return out, rows
 
-  def __call__(self, params, key, reference=None, reference_config=None) -> dict[str, float]:
-    """Metrics under "eval/..." keys, averaged over the problems of every process.
+  def __call__(self, params, key, reference=None, reference_config=None,
+               should_stop: Callable[[], bool] | None = None) -> dict[str, float] | None:
+    """Metrics under "eval/..." keys, averaged over the problems of every process; None
+    when `should_stop` ended the evaluation (module docstring: on every process at once).
 
     `reference`: the run's reference policy's params, of `reference_config` (None: the
-    policy's config), for the task's metrics (Policy).
+    policy's config), for the task's metrics (Policy). `should_stop`: this process's stop
+    request (once True, it stays True); None: the evaluation runs to its end.
     """
     indices = list(range(jax.process_index(), len(self.problems), jax.process_count()))
     policy = Policy(self.model_config, params, reference, reference_config)
@@ -139,7 +167,10 @@ class Evaluator:
     sums = {}
     self.samples = []
     if self.greedy is not None:
-      r, batch = self._run(self.greedy, params, indices, 1, key, "eval greedy")
+      ran = self._run(self.greedy, params, indices, 1, key, "eval greedy", should_stop)
+      if ran is None:
+        return None
+      r, batch = ran
       sums["greedy_pass@1"] = r.sum()
       sums["greedy_pass@1_se"] = self._se_term(r)
       task_sums, rows = self._task_metrics(batch, policy, "greedy_" if both else "",
@@ -148,8 +179,11 @@ class Evaluator:
       self._keep("greedy", batch, r, rows)
     if sampled:
       n = self.num_samples
-      r, batch = self._run(self.sampled, params, indices, n, jax.random.fold_in(key, 1),
-                           "eval sampled")
+      ran = self._run(self.sampled, params, indices, n, jax.random.fold_in(key, 1),
+                      "eval sampled", should_stop)
+      if ran is None:
+        return None
+      r, batch = ran
       sums["sampled_pass@1"] = r.mean(axis=1).sum()
       sums["sampled_pass@1_se"] = self._se_term(r)
       passed = (r > 0).sum(axis=1)
@@ -177,6 +211,11 @@ class Evaluator:
       out[k] = float(np.sqrt(max(out[k] - mean * mean, 0.0) / max(n - 1, 1)))
     return out
 
+  def _rounds(self, repeats: int) -> int:
+    """The batches of a pass on the process with the most problems (process 0)."""
+    rows = -(-len(self.problems) // jax.process_count()) * repeats
+    return -(-rows // self.batch_size)
+
   @staticmethod
   def _se_term(rewards: np.ndarray) -> float:
     """The sum over this process's problems of (a problem's mean reward)^2: with the
@@ -193,3 +232,38 @@ class Evaluator:
       self.samples.append({"pass": name, "problem_id": problem.id, **problem.fields,
                            "completion": text, "reward": float(reward),
                            **{k: v[i] for k, v in rows.items()}})
+
+
+def _generate(generate: GenerateFn, params, prompts, key, should_stop):
+  """generate(params, prompts, key); with `should_stop`, None as soon as it says stop.
+
+  The batch then runs on to its end in a daemon thread, unobserved: its results are
+  dropped, and a daemon thread does not hold up the process's exit. The stop waits for
+  none of it (CPU: the abandoned batch only shares the cores with the save; an
+  accelerator whose stream holds it finishes it before a later transfer from that device).
+  """
+  if should_stop is None:
+    return generate(params, prompts, key)
+  result = {}
+
+  def work():
+    try:
+      result["out"] = generate(params, prompts, key)
+    except BaseException as e:  # raised again below, in the caller's thread
+      result["error"] = e
+
+  thread = threading.Thread(target=work, name="evaluation-batch", daemon=True)
+  thread.start()
+  while thread.is_alive():
+    if should_stop():
+      return None
+    thread.join(_POLL_S)
+  if "error" in result:
+    raise result["error"]
+  return result["out"]
+
+
+def _stop_everywhere(should_stop) -> bool:
+  """Whether any process asked to stop (False without `should_stop`). A collective: every
+  process calls it at the same rounds of a pass (`Evaluator._run`)."""
+  return should_stop is not None and distributed.broadcast_flags(should_stop())[0]

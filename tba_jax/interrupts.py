@@ -2,7 +2,10 @@
 
 A preemption notice (SIGTERM) or a first Ctrl-C (SIGINT) only records the signal.
 The loop exchanges it with every host at its next step (distributed.broadcast_max),
-so every process saves the same step and returns, whichever host was signalled.
+so every process saves the same step and returns, whichever host was signalled. An
+evaluation in progress reads the request too (`signum`, through the loop's
+`should_stop`) and is abandoned on every host at once (evaluation.py): the run saves the
+step it evaluated, without finishing the evaluation or taking another update.
 A second Ctrl-C is for a user who cannot wait for that step: it raises
 KeyboardInterrupt at once, saving nothing more (the checkpoints already written
 stay, and a rerun resumes from the newest). Repeated SIGTERMs (schedulers resend

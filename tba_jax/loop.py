@@ -42,7 +42,7 @@ from tba_jax import config_checks, distributed, faults, hf_checkpoints, interrup
 from tba_jax import batch as batch_lib
 from tba_jax import metrics, run_info, sharding, train_step
 from tba_jax import config_builders as build
-from tba_jax import weight_sync
+from tba_jax import verifiers, weight_sync
 from tba_jax.checkpoint import Checkpointer
 from tba_jax.metrics import LatestFractionWatch, MetricsWriter, PeakWatch
 from tba_jax.model import ModelConfig
@@ -60,6 +60,8 @@ FINISHED_FILE = "finished.json"
 ADAPTER_DIR = "adapter"
 # eval.save_samples: every evaluation's completions, WORKDIR/eval_samples/step_NNNNNN.jsonl.
 SAMPLES_DIR = "eval_samples"
+# After a stop request, how long the run waits for a searcher thread to see it.
+_STOP_JOIN_S = 1.0
 
 
 # ---------------------------------------------------------------------------
@@ -127,6 +129,10 @@ def run(config, workdir: str, task: Task | None = None,
       schedule=Schedule.of(mode, c.sync.every, b.num_prompts, b.m, c.sync.paced))
   evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg, eval_mesh,
                               c.task.max_prompt_len, progress=is_main)
+  # Golds the task's verifier can never match (their completions all score 0): said now, and
+  # recorded with the run's setup.
+  unparseable = verifiers.check_golds(task.reward, {"train": task.train,
+                                                    "test": evaluator.problems})
 
   # ----- Resume -------------------------------------------------------------------
   saves = _Checkpoints(Checkpointer(checkpoints, c.checkpoint.max_to_keep), config_dict, pool,
@@ -139,6 +145,8 @@ def run(config, workdir: str, task: Task | None = None,
       model_config=model_cfg, num_params=model.count_params(lora.base_config(model_cfg)),
       task=task, num_eval_problems=len(evaluator.problems), start_step=start_step,
       beta_at=lambda done: float(beta(done)), lr_at=lambda done: float(lr(done)))
+  if unparseable:
+    setup["task"]["unparseable_golds"] = unparseable
   writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard,
                          wandb_project=c.log.wandb_project or None, config_dict=config_dict,
                          enabled=is_main, elapsed=elapsed)
@@ -149,13 +157,17 @@ def run(config, workdir: str, task: Task | None = None,
   evaluate = _Evaluation(c, workdir, task, evaluator, pool, publish, meshes.index(eval_mesh),
                          eval_mesh, writer, is_main)
   stop = interrupts.StopRequest(saves.checkpointer.directory).install()
+  stopping = lambda: bool(stop.signum)  # this process's request, for the evaluator
   stop_here = fault_plan and fault_plan.process_stop(jax.process_index())  # a testing aid
   training = start_step < c.num_train_steps  # else only the final evaluation is left
 
   try:
     # ----- Evaluate the starting policy --------------------------------------------
+    # A stop request abandons an evaluation (on every process at once, evaluation.py): the
+    # run saves now, without waiting for it. A rerun evaluates step 0 again.
     if start_step == 0:
-      evaluate(state.params, 0, wall_time=0.0)
+      if evaluate(state.params, 0, wall_time=0.0, should_stop=stopping) is None:
+        return saves.preempted(0, distributed.broadcast_max(stop.signum)[0], state, reference)
 
     # ----- Pre-fill the buffer (a resumed run has its buffer back) ------------------
     if training:
@@ -231,10 +243,12 @@ def run(config, workdir: str, task: Task | None = None,
       signum, out_of_time, eval_due = distributed.broadcast_max(stop.signum, out_of_time,
                                                                 eval_due)
       last_step = done == c.num_train_steps or out_of_time
-      if eval_due and not last_step:
-        evaluate(state.params, done)
+      if eval_due and not last_step and not signum:
+        evaluate(state.params, done, should_stop=stopping)  # None: abandoned for a stop
         last_eval = time.perf_counter()
         eval_spent += last_eval - now
+        # A request during the evaluation stops the run here, before another update.
+        signum, = distributed.broadcast_max(stop.signum)
       if signum:
         bar.close()  # the message on a line of its own
         return saves.preempted(done, signum, state, reference)
@@ -267,7 +281,9 @@ def run(config, workdir: str, task: Task | None = None,
     raise lost from e
   finally:
     stop.restore()
-    pool.stop()
+    # After a stop request the searchers' batches in flight are not waited for (they are
+    # sampled again on resume; the threads are daemons, so they do not hold up the exit).
+    pool.stop(timeout=_STOP_JOIN_S if stop.signum else 60.0)
     writer.close()
     saves.checkpointer.close()
 
@@ -388,8 +404,10 @@ class _Evaluation:
     # Step 0's scores, maybe logged by an earlier segment of this run.
     self.first = metrics.evaluation(writer.path, 0) if is_main else {}
 
-  def __call__(self, params, step: int, wall_time: float | None = None,
-               final: bool = False) -> dict:
+  def __call__(self, params, step: int, wall_time: float | None = None, final: bool = False,
+               should_stop=None) -> dict | None:
+    """The scores (written, and said on the progress output), or None when `should_stop`
+    (Evaluator) ended the evaluation: nothing is written then."""
     start = time.perf_counter()
     reference = reference_config = None
     if self.task.evaluation is not None:  # a task's metrics may read the searchers' reference
@@ -399,7 +417,13 @@ class _Evaluation:
             reference_config, "searcher", self.eval_mesh))
     scores = self.evaluator(self.publish(params, self.eval_index),
                             jax.random.fold_in(jax.random.key(self.c.seed + 1), step),
-                            reference=reference, reference_config=reference_config)
+                            reference=reference, reference_config=reference_config,
+                            should_stop=should_stop)
+    if scores is None:
+      if self.is_main:
+        tqdm.tqdm.write(f"step {step}: evaluation abandoned after "
+                        f"{time.perf_counter() - start:.1f} s (stop request)")
+      return None
     self.writer.write(step, {**scores, "eval_seconds": time.perf_counter() - start},
                       wall_time=wall_time)
     if self.is_main and self.c.eval.save_samples:

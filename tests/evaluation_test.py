@@ -1,4 +1,8 @@
-"""The evaluator with a fake generator: pass rates, distinct answers, a task's own metrics."""
+"""The evaluator with a fake generator: pass rates, distinct answers, a task's own metrics,
+a stop request."""
+import threading
+import time
+
 import jax
 import numpy as np
 import pytest
@@ -38,10 +42,11 @@ def _evaluator(**kw):
   # sampled answers of problem 2 are wrong.
   reward = lambda batch: np.array([float(c[0] == p.target) for c, p in
                                    zip(batch.completions, batch.problems)])
-  kw = {"greedy": FakeGenerate(True), "sampled": FakeGenerate(False), "num_samples": 2, **kw}
+  kw = {"greedy": FakeGenerate(True), "sampled": FakeGenerate(False), "num_samples": 2,
+        "batch_size": 4, **kw}
   return Evaluator(problems=problems, prompt_tokens=[[i] for i in range(3)],
                    decode=lambda ids: " ".join(map(str, ids)), reward=reward, eos_ids=(EOS,),
-                   batch_size=4, answer=lambda text: text.split()[0], progress=False, **kw)
+                   answer=lambda text: text.split()[0], progress=False, **kw)
 
 
 def test_pass_rates_and_distinct_answers_per_problem():
@@ -119,3 +124,71 @@ def test_pass_at_k_is_the_unbiased_estimator_for_powers_of_two():
     assert out[f"eval/pass@{k}"] == pytest.approx((2 + pass_at_k(8, 1, k)) / 3)
   assert out["eval/pass@8"] == 1.0 and "eval/pass@16" not in out
   assert out["eval/sampled_pass@1"] == pytest.approx((2 + 1 / 8) / 3)
+
+
+class Counting:
+  """A generator that counts its batches and can say stop after its n-th (`stop_after`)."""
+
+  def __init__(self, generate, stop_after: int = 0):
+    self.generate, self.stop_after, self.batches = generate, stop_after, 0
+
+  def __call__(self, params, prompts, key):
+    self.batches += 1
+    return self.generate(params, prompts, key)
+
+  def should_stop(self) -> bool:
+    return 0 < self.stop_after <= self.batches
+
+
+def test_a_stop_request_between_batches_abandons_the_evaluation():
+  greedy = Counting(FakeGenerate(True), stop_after=1)
+  ev = _evaluator(greedy=greedy, batch_size=1)  # 3 greedy batches planned, then sampled ones
+  assert ev(params=None, key=jax.random.key(0), should_stop=greedy.should_stop) is None
+  assert greedy.batches == 1
+  assert ev(params=None, key=jax.random.key(0), should_stop=lambda: False) is not None
+  assert greedy.batches == 1 + 3  # unasked, it runs every batch
+
+
+def test_a_batch_in_flight_is_left_at_once_when_a_stop_is_asked():
+  started, release, finished = threading.Event(), threading.Event(), []
+
+  def slow(params, prompts, key):  # a batch that takes as long as the test lets it
+    started.set()
+    release.wait(timeout=60)
+    finished.append(True)
+    return FakeGenerate(True)(params, prompts, key)
+
+  t0 = time.perf_counter()
+  try:
+    assert _evaluator(greedy=slow)(params=None, key=jax.random.key(0),
+                                   should_stop=started.is_set) is None
+    assert time.perf_counter() - t0 < 10 and not finished  # it did not wait for the batch
+  finally:
+    release.set()
+
+
+def test_every_process_exchanges_the_stop_flag_at_the_same_rounds(monkeypatch):
+  """3 problems over 2 processes: process 0 evaluates 2, process 1 one; with batches of one
+  row both exchange the flag 2 + 4 times (greedy, then 2 samples each), and both leave at the
+  round where any process asked (the exchange's answer, not their own flag)."""
+  from jax.experimental import multihost_utils
+  from tba_jax import distributed
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(multihost_utils, "process_allgather", lambda x: np.stack([x, x]))
+  for process in (0, 1):
+    monkeypatch.setattr(jax, "process_index", lambda: process)
+    exchanges = []
+    monkeypatch.setattr(distributed, "broadcast_flags",
+                        lambda *flags: (exchanges.append(flags) or (False,)))
+    greedy, sampled = Counting(FakeGenerate(True)), Counting(FakeGenerate(False))
+    out = _evaluator(greedy=greedy, sampled=sampled, batch_size=1)(
+        params=None, key=jax.random.key(0), should_stop=lambda: False)
+    assert out is not None and len(exchanges) == 2 + 4
+    assert (greedy.batches, sampled.batches) == ((2, 4) if process == 0 else (1, 2))
+    # Another process asked: this one's 2nd exchange says stop, though it did not ask.
+    monkeypatch.setattr(distributed, "broadcast_flags",
+                        lambda *flags: (exchanges.append(flags) or (len(exchanges) > 7,)))
+    greedy = Counting(FakeGenerate(True))
+    assert _evaluator(greedy=greedy, batch_size=1)(
+        params=None, key=jax.random.key(0), should_stop=lambda: False) is None
+    assert len(exchanges) == 8 and greedy.batches == (2 if process == 0 else 1)

@@ -1,4 +1,5 @@
 """The runtime: async on 8 devices, synchronous equivalence, failures, resume checks."""
+import dataclasses
 import json
 import os
 
@@ -9,7 +10,7 @@ import pytest
 from configs import gsm8k as gsm8k_config
 from tba_jax import config_builders, faults, hf_checkpoints, loop, model, sharding, train_step
 from tba_jax import tokenizer as tokenizer_lib
-from tba_jax import weight_sync
+from tba_jax import verifiers, weight_sync
 from tba_jax.checkpoint import ConfigMismatchError
 from tba_jax.metrics import read_jsonl
 from tba_jax.model import KVCache, ModelConfig, init_params
@@ -211,6 +212,55 @@ def test_sigterm_while_the_buffer_prefills_checkpoints_step_0_and_the_resume_fil
   assert "Resumed from step 0 (24 buffer entries" in capsys.readouterr().out
 
 
+def test_sigterm_during_an_evaluation_abandons_it_and_saves_that_step_without_an_update(
+    tmp_path, monkeypatch, capsys):
+  """SIGTERM in the 2nd of the 4 batches of step 2's evaluation: that batch is not waited
+  for (it blocks until the run has returned), no batch after it starts, no update 3 runs,
+  step 2 is saved, and the rerun resumes from it."""
+  import signal
+  import threading
+  batches, release, finished = [], threading.Event(), []
+  real = config_builders.evaluator
+
+  def evaluator(*args, **kw):
+    ev = real(*args, **kw)
+    greedy = ev.greedy
+
+    def generate(params, prompts, key):
+      batches.append(len(prompts))
+      if len(batches) == 4 + 2:  # step 0's evaluation ran 4; this is step 2's 2nd batch
+        os.kill(os.getpid(), signal.SIGTERM)
+        release.wait(timeout=120)
+        finished.append(True)
+      return greedy(params, prompts, key)
+
+    ev.greedy = generate
+    return ev
+
+  monkeypatch.setattr(config_builders, "evaluator", evaluator)
+  c = tiny_config(num_train_steps=4, mesh=dict(num_devices=1), checkpoint=dict(every=1000),
+                  eval=dict(every=2, num_problems=4, batch_size=1))
+  try:
+    out = loop.run(c, str(tmp_path), task=toy_task(c))
+    assert not finished  # the batch in flight was left running
+  finally:
+    release.set()
+  assert batches == [1] * 6  # step 2's evaluation: 2 of its 4 batches started
+  assert out["step"] == 2 and out["terminated"] and out["signal"] == "SIGTERM"
+  assert os.listdir(tmp_path / "checkpoints") == ["2"]
+  rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
+  assert [r["step"] for r in rows if "loss" in r] == [1, 2]  # no update after the request
+  assert [r["step"] for r in rows if "eval/greedy_pass@1" in r] == [0]  # nothing half-written
+  said = capsys.readouterr()
+  assert "step 2: evaluation abandoned after" in said.out
+  assert "SIGTERM: saved a checkpoint at step 2 in" in said.out
+  # The rerun resumes from step 2 and trains to the end.
+  assert loop.run(c, str(tmp_path), task=toy_task(c))["step"] == 4
+  assert "Resumed from step 2 (" in capsys.readouterr().out
+  rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
+  assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
+
+
 def _saved_buffer(workdir, step):
   import orbax.checkpoint as ocp
   from tba_jax.replay_buffer import ReplayBuffer
@@ -306,7 +356,12 @@ def test_a_run_killed_before_its_final_export_finishes_it_on_rerun(tmp_path, mon
 @pytest.mark.slow  # ~13 s on 2 cores (2026-12-04): out of the default suite
 def test_every_run_records_its_setup_in_its_first_metrics_row(tmp_path, capsys):
   c = tiny_config(num_train_steps=1, mesh=dict(num_devices=1), sync=dict(mode="async"))
-  loop.run(c, str(tmp_path), task=toy_task(c))
+  task = toy_task(c)
+  # A verifier's task, one of its train golds without a number: paper_regex never matches it.
+  first = task.train[0]
+  task = dataclasses.replace(task, reward=verifiers.VerifierReward("paper_regex"), train=[
+      dataclasses.replace(first, target="none"), *task.train[1:]])
+  loop.run(c, str(tmp_path), task=task)
   with open(tmp_path / "metrics.jsonl") as f:
     first = json.loads(f.readline())
   setup = first["run"]
@@ -325,8 +380,12 @@ def test_every_run_records_its_setup_in_its_first_metrics_row(tmp_path, capsys):
                                {"key": "eval/sampled_pass@1", "label": "held-out reward, "
                                 "sampled (mean)", "unit": ""},
                                {"key": "eval/greedy_pass@1", "label": "held-out reward, greedy "
-                                "(mean)", "unit": ""}]}
-  assert "\n  task      custom: 12 train / 4 test problems" in capsys.readouterr().out
+                                "(mean)", "unit": ""}],
+                           "unparseable_golds": {"train": 1, "test": 0}}
+  said = capsys.readouterr()
+  assert "\n  task      custom: 12 train / 4 test problems" in said.out
+  assert ("task.verifier='paper_regex' can never match the gold answer of 1 of 12 train "
+          "problems (e.g. 'none')") in said.err
   assert setup["beta"] == "0.1 at every step (tb)"
   assert setup["lr"] == "0.001 at every step (constant)"
 
