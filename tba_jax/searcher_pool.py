@@ -337,6 +337,8 @@ class SearcherPool:
     return {"tools/turns_per_sample": total("turns") / max(samples, 1),
             "tools/calls_per_sample": total("tool_calls") / max(samples, 1),
             "tools/error_fraction": total("tool_errors") / max(total("tool_calls"), 1),
+            "tools/reply_failures": total("reply_failures"),
+            "tools/replies_dropped_per_sample": total("replies_dropped") / max(samples, 1),
             "tools/seconds_per_call": total("tool_seconds") / max(total("tool_calls"), 1),
             "tools/correct_with_tool_fraction": total("correct_with_tool") /
                                                 max(total("correct"), 1)}

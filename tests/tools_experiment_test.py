@@ -40,6 +40,9 @@ def test_tiny_tool_run_trains_to_the_end_calling_its_tool(tmp_path, overrides):
   # Rows stopped at a call and went on after the reply: more than one turn, tool calls counted.
   assert max(r["tools/turns_per_sample"] for r in steps) > 1
   assert max(r["tools/calls_per_sample"] for r in steps) > 0
+  # The calculator never raises: no reply failed; the dropped-reply rate is logged.
+  assert all(r["tools/reply_failures"] == 0 for r in steps)
+  assert all(r["tools/replies_dropped_per_sample"] >= 0 for r in steps)
 
 
 @pytest.mark.slow
