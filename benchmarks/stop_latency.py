@@ -18,7 +18,8 @@ WORKDIR.rerun.log.
 Measured (docs/resume.md, "How long a stop takes"): `--config
 tiny,eval.num_samples=2048,eval.batch_size=8 --eval_step 3 --delay 0.5` on a 2-core EPYC
 shared with other jobs (2026-12-05): checkpoint 0.2 s and exit 1.3 s after the signal, the
-rerun resumed from step 3. The `cpu` recipe: not measured yet.
+rerun resumed from step 3. The `cpu` recipe (the first command above; 2-core Xeon with
+AVX-512, quiet, 2026-12-05): checkpoint 7.5 s and exit 9.0 s after the signal, resumed.
 """
 import argparse
 import json

@@ -182,8 +182,14 @@ def _start(argv, experiment: str, job, tasks: dict, check) -> None:
   from tba_jax import distributed
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                          heartbeat_timeout_s=_HEARTBEAT.value)
-  from tba_jax import loop
+  from tba_jax import evaluation, loop
   (job or loop.run)(config, _WORKDIR.value)
+  if evaluation.batch_left_running():
+    # A stop abandoned an evaluation batch (its checkpoint is saved): Python's shutdown
+    # would abort inside that batch's XLA call, so leave now, output flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(default_config: str, job=None, tasks: dict | None = None, check=None) -> None:

@@ -234,11 +234,21 @@ class Evaluator:
                            **{k: v[i] for k, v in rows.items()}})
 
 
+# Batches left running by a stop request (`_generate`): a process that exits while one is
+# inside an XLA call must leave with os._exit (interpreter shutdown aborts in it).
+_abandoned: list[threading.Thread] = []
+
+
+def batch_left_running() -> bool:
+  """Whether an abandoned evaluation batch is still running in this process."""
+  return any(t.is_alive() for t in _abandoned)
+
+
 def _generate(generate: GenerateFn, params, prompts, key, should_stop):
   """generate(params, prompts, key); with `should_stop`, None as soon as it says stop.
 
   The batch then runs on to its end in a daemon thread, unobserved: its results are
-  dropped, and a daemon thread does not hold up the process's exit. The stop waits for
+  dropped, and the command-line run exits without waiting for it (batch_left_running). The stop waits for
   none of it (CPU: the abandoned batch only shares the cores with the save; an
   accelerator whose stream holds it finishes it before a later transfer from that device).
   """
@@ -256,6 +266,7 @@ def _generate(generate: GenerateFn, params, prompts, key, should_stop):
   thread.start()
   while thread.is_alive():
     if should_stop():
+      _abandoned.append(thread)
       return None
     thread.join(_POLL_S)
   if "error" in result:
