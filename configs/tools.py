@@ -10,12 +10,12 @@ tiny     The GSM8K smoke test's random 2-layer model, byte tokenizer and schedul
 cpu      The embedded SmolLM2-135M-Instruct on 3-digit x 3-digit products, which it cannot
          do in its head, with the calculator (`<tool>123 * 456</tool>`, the prompt says how):
            python -m experiments.tools --config configs/tools.py:cpu --workdir DIR
-         2 CPU devices (trainer / searcher), 16 steps. Re-measurement pending: the figure
-         measured before (2 cores beside a test suite run, load 2-5; held-out greedy
-         pass@1 on 64 problems 0.078 -> 0.984, 16 steps, 13 min of training, 20 min 55 s
-         in all; BENCHMARKS.md, "Multi-turn tool use") scored the whole transcript, so a
-         copied tool result counted as the answer without one from the model; it is
-         superseded, and does not measure the final answer task.tools.score now reads.
+         2 CPU devices (trainer / searcher), 16 steps. Measured 2026-12-05 (2-core Xeon,
+         quiet, 10 min 7 s) with the model's own last turn scored: held-out greedy
+         pass@1 on 64 problems 0.000 -> 0.000: after the tool's result the model ends
+         its turn without an answer (BENCHMARKS.md, "Multi-turn tool use"). The earlier
+         0.078 -> 0.984 scored the whole transcript (a copied tool result counted as the
+         answer): superseded.
 qwen_gsm8k  GSM8K with the sandboxed Python tool (tasks/tools.run_python) on
          Qwen2.5-1.5B-Instruct, one accelerator, alternate mode:
            python -m experiments.tools --config configs/tools.py:qwen_gsm8k --workdir DIR

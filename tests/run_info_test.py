@@ -5,8 +5,9 @@ from configs import gsm8k as gsm8k_config
 from tba_jax import config_builders, run_info
 
 
-def _schedules(variant, **optim):
+def _schedules(variant, steps=None, **optim):
   c = gsm8k_config.get_config(variant)
+  c.num_train_steps = steps or c.num_train_steps
   c.optim.update(optim)
   beta = config_builders.beta_schedule(c.loss)
   lr = config_builders.lr_schedule(c.optim, c.num_train_steps)
@@ -16,8 +17,10 @@ def _schedules(variant, **optim):
 def test_a_constant_schedule_is_one_value():
   assert _schedules("cpu", schedule="constant", learning_rate=1e-5) == {
       "beta": "0.05 at every step (tb)", "lr": "1e-05 at every step (constant)"}
-  # the recipe's own: a cosine over 40 steps to 5e-7, cut off at its 30th
-  assert _schedules("cpu")["lr"] == \
+  # the recipe's own: a cosine over 40 steps to 5e-7, cut off at its 8th (the default run)
+  # or its 30th
+  assert _schedules("cpu")["lr"] == "1.498e-05 @1 -> 1.465e-05 @4 -> 1.362e-05 @8 (cosine)"
+  assert _schedules("cpu", steps=30)["lr"] == \
       "1.498e-05 @1 -> 1.052e-05 @15 -> 7.75e-06 @20 -> 2.623e-06 @30 (cosine)"
 
 
