@@ -106,7 +106,7 @@ def load_model(model_cfg, tokenizer, dtype: str, trainer_mesh, seed: int):
     cfg = ModelConfig(**model_cfg.random.to_dict(), dtype=dtype,
                       attention_impl=model_cfg.attention_impl)
     try:
-      attention.check(cfg)
+      attention.check(cfg, (model_cfg.dtype,))  # the master's and the compute dtype
     except ValueError as e:
       raise ConfigError(f"model.{e}") from None
     if cfg.vocab_size < tokenizer.vocab_size:
@@ -117,7 +117,7 @@ def load_model(model_cfg, tokenizer, dtype: str, trainer_mesh, seed: int):
                                     role="trainer")
   cfg = cfg.replace(attention_impl=model_cfg.attention_impl)
   try:
-    attention.check(cfg)
+    attention.check(cfg, (model_cfg.dtype,))
   except ValueError as e:
     raise ConfigError(f"model.{e}") from None
   return cfg, params

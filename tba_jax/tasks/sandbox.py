@@ -44,7 +44,6 @@ MAX_CODE_BYTES, or holding NUL bytes or lone surrogates, gets an error reply unr
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import functools
 import json
@@ -135,25 +134,9 @@ def _make_leaves(cgroups: tuple[int, dict[str, str]], name: str, memory: int, pr
         with open(f"{leaf}/{file}", "w") as f:
           f.write(value)
   except OSError:
-    _remove_leaves(made)
+    sandbox_launcher.remove_leaves(made)
     raise
   return made
-
-
-def _remove_leaves(leaves: list[str]) -> None:
-  """rmdir each leaf; a leaf is busy until the kernel has reaped its last process."""
-  for leaf in leaves:
-    deadline = time.monotonic() + 5.0
-    while True:
-      try:
-        os.rmdir(leaf)
-      except FileNotFoundError:
-        pass
-      except OSError as e:
-        if e.errno == errno.EBUSY and time.monotonic() < deadline:
-          time.sleep(0.01)
-          continue
-      break
 
 
 @functools.cache
@@ -183,7 +166,8 @@ def _cgroups() -> tuple[int, dict[str, str]] | None:
     options += [(1, v1), (1, {"memory": v1["memory"], "pids": v1["pids"]})]
   for option in options:
     try:  # a test leaf proves the rights: mkdir, every limit file, rmdir
-      _remove_leaves(_make_leaves(option, f"tba_sandbox.probe{os.getpid()}", 1 << 30, 64, 1.0))
+      probe = _make_leaves(option, f"tba_sandbox.probe{os.getpid()}", 1 << 30, 64, 1.0)
+      sandbox_launcher.remove_leaves(probe)
       return option
     except OSError:
       continue
@@ -317,7 +301,7 @@ def run_python(code: str, timeout_s: float, *, memory_mb: int = 512,
       for fd in (status_r, status_w):
         if fd >= 0:
           os.close(fd)
-      _remove_leaves(leaves)  # the launcher did this too, unless it was killed
+      sandbox_launcher.remove_leaves(leaves)  # the launcher did this too, unless it was killed
   if failure:
     raise SandboxUnavailable(f"run_python's launcher failed: {failure.strip()}")
   text = bytes(out[:max_output_bytes]).decode("utf-8", "replace")

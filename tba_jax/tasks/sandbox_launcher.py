@@ -99,21 +99,26 @@ def exit_code(wait_status):
   return os.WEXITSTATUS(wait_status)
 
 
-def cleanup(o):
-  """Removes the call's cgroup leaves (busy until the kernel has reaped their last process)
-  and its mount point. The caller does it again: both are idempotent."""
-  for leaf in o["cgroups"]:
+def remove_leaves(leaves):
+  """rmdir each cgroup leaf; a leaf is busy until the kernel has reaped its last process."""
+  for leaf in leaves:
     deadline = time.monotonic() + 5.0
     while True:
       try:
         os.rmdir(leaf)
       except FileNotFoundError:
         pass
-      except OSError:
-        if time.monotonic() < deadline:
+      except OSError as e:
+        if e.errno == errno.EBUSY and time.monotonic() < deadline:
           time.sleep(0.01)
           continue
       break
+
+
+def cleanup(o):
+  """Removes the call's cgroup leaves and its mount point. The caller does it again: both
+  are idempotent."""
+  remove_leaves(o["cgroups"])
   try:
     os.rmdir(o["root"])
   except OSError:
