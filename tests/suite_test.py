@@ -1,0 +1,116 @@
+"""benchmarks/suite.py: the statistics over seeds (time to target with seeds that never reach
+it, standard errors), the arm specs, the command line's protocol refusals, and a tiny run."""
+import json
+import math
+import os
+import sys
+import types
+
+import pytest
+
+import configs
+from benchmarks import protocol, suite
+
+
+def _curves(points):
+  """Curves of (seconds, updates, accuracy) evaluations."""
+  return {"evals": [dict(seconds=t, updates=u, accuracy=a, se=0.05, metrics={})
+                    for t, u, a in points], "train": []}
+
+
+def test_time_to_target_averages_the_seeds_that_reached_it_and_names_the_others():
+  runs = {"0": _curves([(0, 0, 0.3), (60, 5, 0.82), (120, 10, 0.9)]),
+          "1": _curves([(0, 0, 0.4), (60, 6, 0.7), (130, 12, 0.85)]),
+          "2": _curves([(0, 0, 0.2), (60, 5, 0.5), (120, 11, 0.6)])}
+  g = suite.aggregate(runs, target=0.8)
+  assert (g["reached"], g["seeds"], g["never_reached"]) == (2, 3, ["2"])
+  assert g["time_to_target_s"]["mean"] == pytest.approx(95.0)  # (60 + 130) / 2
+  assert g["time_to_target_s"]["se"] == pytest.approx(35.0)    # std(ddof=1) 49.5 / sqrt 2
+  assert g["updates_to_target"]["mean"] == pytest.approx(8.5)  # (5 + 12) / 2
+  assert g["final"]["mean"] == pytest.approx((0.9 + 0.85 + 0.6) / 3)
+  finals = [0.9, 0.85, 0.6]
+  se = math.sqrt(sum((x - sum(finals) / 3) ** 2 for x in finals) / 2 / 3)
+  assert g["final"]["se"] == pytest.approx(se)
+  assert g["peak"]["mean"] == pytest.approx((0.9 + 0.85 + 0.6) / 3)
+  assert g["final_minus_peak"]["mean"] == pytest.approx(0.0)
+
+
+def test_final_minus_peak_counts_a_fall_and_one_seed_has_no_standard_error():
+  g = suite.aggregate({"0": _curves([(0, 0, 0.3), (60, 5, 0.95), (120, 10, 0.75)])}, 0.9)
+  assert g["final_minus_peak"] == {"mean": pytest.approx(-0.2), "se": None, "n": 1}
+  assert g["time_to_target_s"] == {"mean": 60.0, "se": None, "n": 1}
+  nobody = suite.aggregate({"0": _curves([(0, 0, 0.3), (60, 5, 0.5)])}, 0.9)
+  assert nobody["time_to_target_s"] == {"mean": None, "se": None, "n": 0}
+  assert nobody["never_reached"] == ["0"]
+  assert "never reached" in suite.table({"tasks": {"t": {
+      "target": 0.9, "budget_s": 600.0, "eval_grid": "grid", "arms": {"tba": {
+          "aggregate": nobody}}, "configs_tried": {"tba": 1, "trl": 0}}}})
+
+
+def test_arm_specs_parse_and_the_suites_own_keys_are_refused():
+  assert suite.parse_arm("tba") == ("tba", [])
+  assert suite.parse_arm("tba:optim.learning_rate=1e-5,loss.beta_end=0.1") == (
+      "tba", ["optim.learning_rate=1e-5", "loss.beta_end=0.1"])
+  family, settings = suite.parse_arm("trl:lr=2e-5,beta=0.02")
+  assert (family, settings.lr, settings.beta, settings.k) == ("trl", 2e-5, 0.02, 8)
+  assert suite.arm_spec(family, settings) == "trl:lr=2e-05,beta=0.02,prompts=4,k=8"
+  for bad in ("tba:seed=3", "tba:eval.every_seconds=5", "tba:max_train_seconds=9",
+              "tba:optim.learning_rate", "grpo", "trl:gamma=1"):
+    with pytest.raises(ValueError):
+      suite.parse_arm(bad)
+
+
+@pytest.fixture
+def fake_tasks(monkeypatch):
+  """A configs.suite with two tasks (the CLI's refusals come before any config is built)."""
+  fake = types.SimpleNamespace(TASKS={
+      "a": dict(description="a", task={}, budget_s=600.0, target=0.8),
+      "b": dict(description="b", task={}, budget_s=900.0, target=0.8)})
+  monkeypatch.setitem(sys.modules, "configs.suite", fake)
+  monkeypatch.setattr(configs, "suite", fake, raising=False)
+  monkeypatch.setattr(suite, "HEADLINE_TASKS", ("b",))
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "--frozen RECIPE_ID"),
+    (["--frozen", "v1"], "--configs_tried N"),
+    (["--frozen", "v1", "--configs_tried", "2", "--minutes", "1"], "each task's own budget"),
+    (["--frozen", "v1", "--configs_tried", "2", "--seeds", "1"], "a: 2 seeds at least"),
+    (["--frozen", "v1", "--configs_tried", "2", "--seeds", "2"], "b: 3 seeds at least"),
+])
+def test_the_test_split_is_refused_without_the_protocols_statement(fake_tasks, tmp_path, capsys,
+                                                                   extra, message):
+  with pytest.raises(SystemExit) as e:
+    suite.main(["--tasks", "all", "--split", "test", "--results_dir", str(tmp_path), *extra])
+  assert message in str(e.value.code)
+  assert not os.listdir(tmp_path)  # nothing recorded, nothing run
+
+
+def test_the_tiny_peer_and_unknown_tasks_are_refused(fake_tasks, capsys):
+  for argv, message in ((["--tiny", "--peer", "trl"], "tba arms only"),
+                        (["--tasks", "zz"], "unknown tasks")):
+    with pytest.raises(SystemExit):
+      suite.main(argv)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a tiny tba_jax run in a subprocess: ~20 s on 2 cores
+def test_a_tiny_validation_suite_writes_curves_aggregates_and_the_ledger(tmp_path):
+  from configs import suite as suite_config
+  name = next(iter(suite_config.TASKS))
+  report = suite.main(["--tasks", name, "--tiny", "--seeds", "2", "--minutes", "0.05",
+                       "--eval_seconds", "1", "--eval_samples", "2",
+                       "--results_dir", str(tmp_path), "--workdir", str(tmp_path / "runs")])
+  arm = report["tasks"][name]["arms"]["tba"]
+  assert set(arm["runs"]) == {"0", "1"}
+  for curves in arm["runs"].values():
+    evals = curves["evals"]
+    assert len(evals) >= 2 and evals[0]["updates"] == 0 and evals[-1]["updates"] > 0
+    assert all(e["seconds"] >= 0 and 0 <= e["accuracy"] <= 1 for e in evals)
+  assert arm["aggregate"]["seeds"] == 2
+  ledger = protocol.Ledger(str(tmp_path))
+  assert [r["seed"] for r in ledger.validation_runs()] == [0, 1]
+  assert report["tasks"][name]["configs_tried"] == {"tba": 1, "trl": 0}
+  path, = [f for f in os.listdir(tmp_path) if f.startswith("suite_validation_")]
+  with open(tmp_path / path) as f:
+    assert json.load(f)["tasks"][name]["arms"]["tba"]["fingerprint"] == arm["fingerprint"]
