@@ -16,6 +16,7 @@ import ml_collections
 from tba_jax import config_builders, config_checks, replay_buffer, verifiers
 from tba_jax.config_checks import key
 from tba_jax.model_config import ATTENTION_IMPLS
+from tba_jax.tasks import arithmetic
 
 
 def base() -> ml_collections.ConfigDict:
@@ -62,6 +63,9 @@ def base() -> ml_collections.ConfigDict:
                             # evaluation then scores training problems); False: refused
       # "paper" ([MATH TASK] ...), "chat" (tokenizer's template) or a format string with {question}
       prompt_style=key("paper", config_checks.prompt_style),
+      # prompt_style "chat" only: the system turn of every prompt ("" = the template's default,
+      # which may be none or its own)
+      system_prompt="",
       question_suffix="",    # appended to each question (e.g. " Answer with just the number.")
       # the chat template's reasoning switch (Qwen3's enable_thinking): "auto" = the template's
       # default, "on", "off"
@@ -70,9 +74,21 @@ def base() -> ml_collections.ConfigDict:
       # "math_verify" (HF's math-verify)
       verifier=key("paper_regex", verifiers.VERIFIERS),
       num_train_problems=key(0, ">= 0"),  # 0 = all
+      # GSM8K / MATH / TL;DR / tools: this share of the train file's problems (at least one)
+      # is held out as the validation split, drawn with a fixed seed (tasks.hold_out)
+      validation_fraction=key(0.05, "[0, 1)"),
       # prompts are left-padded to this many tokens (longer: error)
       max_prompt_len=key(256, ">= 1"),
-      arithmetic=dict(ops="+*", low=2, high=9, test_fraction=0.25, seed=0),
+      # task.name "arithmetic" (tasks/arithmetic.py): every problem of `form` with operations
+      # `ops` and operands in [low, high], shuffled with `seed` and cut into test, validation
+      # (fractions of them all) and train (the rest)
+      arithmetic=dict(
+          # "one_op" (What is 7 * 8?), "two_op" (What is 3 + 4 * 2?), "word" (word problems)
+          form=key("one_op", arithmetic.FORMS),
+          ops="+*", low=2, high=9,
+          test_fraction=key(0.25, "(0, 1)"), validation_fraction=key(0.25, "[0, 1)"),
+          num_problems=key(0, ">= 0"),  # > 0: this many of them, drawn with the seed (0 = all)
+          seed=0),
   )
   c.mesh = dict(
       # > 0 and no accelerator: split the host CPU into this many devices (and keep the
@@ -220,7 +236,10 @@ def base() -> ml_collections.ConfigDict:
   c.eval = dict(
       every=key(100, ">= 0"),  # steps between evaluations (0 = only before and after)
       every_seconds=key(0.0, ">= 0"),  # > 0: also evaluate when this much wall-clock has passed
-      num_problems=key(0, ">= 0"),  # 0 = the whole test split
+      # the split evaluated: "validation" (recipe work: settings are chosen on it) or "test"
+      # (read once, for the figure a recipe reports; the paper recipes' evaluation)
+      split=key("test", ("validation", "test")),
+      num_problems=key(0, ">= 0"),  # 0 = the whole split
       greedy=True,           # greedy pass@1
       num_samples=key(0, ">= 0"),  # > 0: sampled pass@k over this many samples per problem
       temperature=key(0.0, ">= 0"),  # of the sampled evaluation; 0 = sampler.temperature

@@ -12,6 +12,7 @@ twice:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import math
@@ -34,7 +35,7 @@ from tba_jax.searcher import Exploration, PromptStream, Searcher, StaticRows
 from tba_jax.searcher_pool import SearcherPool
 from tba_jax.streaming import StreamingRows
 from tba_jax.turns import TurnRows, TurnSampler
-from tba_jax.tasks import Task, arithmetic, as_stage, gsm8k, redteam, tldr
+from tba_jax.tasks import Task, arithmetic, as_stage, gsm8k, hold_out, redteam, tldr
 from tba_jax.tasks import math as math_task  # (not `math`: the stdlib module is used here)
 
 
@@ -253,49 +254,71 @@ def _math_task(task_cfg, tokenizer) -> Task:
 
 
 def _arithmetic_task(task_cfg, tokenizer) -> Task:
-  """Offline single-digit arithmetic (tasks/arithmetic.py): the CPU default's data."""
+  """Offline arithmetic (tasks/arithmetic.py): the CPU default's data and the suite's tasks."""
   a = task_cfg.arithmetic
   try:
-    train, test = arithmetic.make_problems(a.ops, a.low, a.high, seed=a.seed,
-                                           test_fraction=a.test_fraction)
+    train, validation, test = arithmetic.make_problems(
+        a.ops, a.low, a.high, seed=a.seed, test_fraction=a.test_fraction,
+        validation_fraction=a.validation_fraction, form=a.form, num_problems=a.num_problems)
   except ValueError as e:
     raise ConfigError(f"task.arithmetic: {e}") from None
-  return question_task(task_cfg, tokenizer, train, test, gsm8k.extract_answer)
+  return question_task(task_cfg, tokenizer, train, test, gsm8k.extract_answer,
+                       validation=validation)
 
 
 def _math_word_task(task_cfg, tokenizer, source, answer) -> Task:
   path = task_cfg.data_path or None
-  _check_splits(source.data_file("train", path), source.data_file("test", path),
-                task_cfg.test_on_train)
-  return question_task(task_cfg, tokenizer, source.load("train", path),
-                        source.load("test", path), answer)
+  one_file = _check_splits(source.data_file("train", path), source.data_file("test", path),
+                           task_cfg.test_on_train)
+  train, test = source.load("train", path), source.load("test", path)
+  # One file as both splits (task.test_on_train): it is every split, validation too.
+  return question_task(task_cfg, tokenizer, train, test, answer,
+                       validation=train if one_file else None)
 
 
-def question_task(task_cfg, tokenizer, train, test, answer) -> Task:
+def question_task(task_cfg, tokenizer, train, test, answer, validation=None) -> Task:
   """A task of questions with a checkable final answer (GSM8K, MATH, arithmetic): the
-  prompt style, the verifier and the headline metrics are the config's."""
+  prompt style, the verifier and the headline metrics are the config's. `validation`:
+  None = task.validation_fraction of `train`, held out (tasks.hold_out)."""
+  if validation is None:
+    train, validation = _hold_out(train, task_cfg.validation_fraction)
   if task_cfg.num_train_problems:
     train = train[:task_cfg.num_train_problems]
   style, suffix = task_cfg.prompt_style, task_cfg.question_suffix
   thinking = {"auto": None, "on": True, "off": False}[task_cfg.thinking]
+  if task_cfg.system_prompt and style != "chat":
+    raise ConfigError(f"task.system_prompt is set, but task.prompt_style={style!r}: only the "
+                      "chat template has a system turn (prompt_style='chat')")
   if style in ("paper", "chat"):
-    prompt = lambda p: gsm8k.make_prompt(p.fields["question"] + suffix, style, tokenizer, thinking)
+    system = task_cfg.system_prompt or None
+    prompt = lambda p: gsm8k.make_prompt(p.fields["question"] + suffix, style, tokenizer,
+                                         thinking, system=system)
   else:
     prompt = lambda p: style.format(question=p.fields["question"] + suffix)
-  return Task(train=train, test=test, prompt=prompt,
+  return Task(train=train, validation=validation, test=test, prompt=prompt,
               reward=verifiers.VerifierReward(task_cfg.verifier),
               templated_prompts=style == "chat", answer=answer,
               name=task_cfg.name, reward_metric=gsm8k.REWARD_METRIC, headline=gsm8k.HEADLINE)
 
 
-def _check_splits(train_file: str, test_file: str, test_on_train: bool) -> None:
-  """Refuses one file as both splits (evaluation would score the training problems) unless
-  task.test_on_train asks for it."""
-  if os.path.realpath(train_file) == os.path.realpath(test_file) and not test_on_train:
+def _hold_out(train, fraction: float):
+  """(train, validation) of task.validation_fraction (tasks.hold_out), as a config error."""
+  try:
+    return hold_out(train, fraction)
+  except ValueError as e:
+    raise ConfigError(f"task.validation_fraction: {e}") from None
+
+
+def _check_splits(train_file: str, test_file: str, test_on_train: bool) -> bool:
+  """Whether one file is both splits; refused (evaluation would score the training problems)
+  unless task.test_on_train asks for it."""
+  one_file = os.path.realpath(train_file) == os.path.realpath(test_file)
+  if one_file and not test_on_train:
     raise ConfigError(
         f"task.data_path: {train_file} would be both the train and the test split, so the "
         "evaluation would score the training problems. Give a directory holding train.jsonl "
         "and test.jsonl, or set task.test_on_train=true to evaluate on the training problems.")
+  return one_file
 
 
 def _tldr_task(t, tokenizer) -> Task:
@@ -310,12 +333,17 @@ def _tldr_task(t, tokenizer) -> Task:
       raise DataError(f"TL;DR {split} ({t.data_path or tldr.HUB_ID}): all {gone} prompts are "
                       f"longer than task.max_prompt_len={t.max_prompt_len} tokens")
   if (dropped or dropped_test) and jax.process_index() == 0:
-    print(f"TL;DR: dropped {dropped} train and {dropped_test} validation prompts longer than "
-          f"task.max_prompt_len={t.max_prompt_len} tokens")
+    print(f"TL;DR: dropped {dropped} train and {dropped_test} validation-file (test split) "
+          f"prompts longer than task.max_prompt_len={t.max_prompt_len} tokens")
+  # The data set's validation file is the test split (what the paper reports); settings are
+  # chosen on task.validation_fraction of the train posts.
+  train, validation = _hold_out(train, t.validation_fraction)
   if t.num_train_problems:
     train = train[:t.num_train_problems]
-  return tldr.make_task(train, test, tokenizer, reward_model=t.reward_model,
-                        gold_reward_model=t.gold_reward_model, dtype=t.reward_dtype)
+  return dataclasses.replace(
+      tldr.make_task(train, test, tokenizer, reward_model=t.reward_model,
+                     gold_reward_model=t.gold_reward_model, dtype=t.reward_dtype),
+      validation=validation)
 
 
 def _redteam_task(task_cfg, tokenizer) -> Task:
@@ -330,7 +358,8 @@ def redteam_task(r) -> Task:
   victim = redteam.Victim(path(r.victim), r.victim_dtype, r.victim_prompt, r.victim_temperature,
                           r.victim_top_p, r.victim_max_new_tokens, r.num_replies, r.seed)
   judge = redteam.Judge(r.judge, r.judge_path, r.toxic_label, r.judge_dtype, r.seed)
-  return redteam.make_task(victim, judge, path(r.embedder))
+  task = redteam.make_task(victim, judge, path(r.embedder))
+  return dataclasses.replace(task, validation=task.test)  # one attack prompt: every split
 
 
 # task.name -> fn(task section, tokenizer) -> Task. An experiment of a new task registers
@@ -423,7 +452,8 @@ def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelC
               max_prompt_len: int, progress: bool) -> Evaluator:
   """Greedy and/or sampled evaluation on `mesh`, scored by the task's reward stage."""
   e, s = eval_cfg, sampler_cfg
-  problems = task.test[:e.num_problems] if e.num_problems else task.test
+  split = getattr(task, e.split)  # eval.split: "validation" or "test"
+  problems = split[:e.num_problems] if e.num_problems else split
   prompt_tokens = list(encode_prompts(problems, task, tokenizer, max_prompt_len).values())
 
   def make_sampler(**kw):

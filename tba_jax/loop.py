@@ -93,7 +93,7 @@ def run(config, workdir: str, task: Task | None = None,
   trainer_mesh, searcher_meshes, mode = build.meshes(c.mesh, c.sync.mode)
   tokenizer = build.load_tokenizer(c.model)
   task = task or build.build_task(c.task, tokenizer)
-  task.check()
+  task.check(c.eval.split)
   master32 = c.optim.master_weights_fp32 and c.model.dtype == "bfloat16"
   # params: what the trainer trains (the whole model, or LoRA adapters over the frozen base).
   model_cfg, params, base = build.load_policy(c.model, tokenizer,
@@ -132,7 +132,7 @@ def run(config, workdir: str, task: Task | None = None,
   # Golds the task's verifier can never match (their completions all score 0): said now, and
   # recorded with the run's setup.
   unparseable = verifiers.check_golds(task.reward, {"train": task.train,
-                                                    "test": evaluator.problems})
+                                                    c.eval.split: evaluator.problems})
 
   # ----- Resume -------------------------------------------------------------------
   saves = _Checkpoints(Checkpointer(checkpoints, c.checkpoint.max_to_keep), config_dict, pool,

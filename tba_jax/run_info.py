@@ -73,7 +73,8 @@ def describe(c, *, trainer_mesh, searcher_meshes, mode: str, model_config, num_p
       # The task's own name (a Task passed to loop.run has one), and what shows whether
       # the run learned, for the plot tool (experiments/plot.py).
       "task": {"name": task.name, "train_problems": len(task.train),
-               "test_problems": len(task.test), "eval_problems": num_eval_problems,
+               "validation_problems": len(task.validation), "test_problems": len(task.test),
+               "eval_split": c.eval.split, "eval_problems": num_eval_problems,
                "eval_devices": c.eval.devices,
                "metrics": [dataclasses.asdict(m) for m in (task.reward_metric, *task.headline)]},
       "batch": {"prompts": b.num_prompts, "samples_per_prompt": b.samples_per_prompt,
@@ -121,8 +122,9 @@ def banner(setup: dict, workdir: str) -> str:
       *([f"  lora      rank {m['lora']['rank']}, alpha {m['lora']['alpha']:g} on "
          f"{m['lora']['targets']}: {count(m['lora']['trained_parameters'])} parameters "
          f"trained ({m['lora']['dtype']}), the base frozen"] if "lora" in m else []),
-      f"  task      {ta['name']}: {ta['train_problems']} train / {ta['test_problems']} test "
-      f"problems, {ta['eval_problems']} evaluated on the {ta['eval_devices']}'s devices",
+      f"  task      {ta['name']}: {ta['train_problems']} train / {ta['validation_problems']} "
+      f"validation / {ta['test_problems']} test problems, {ta['eval_problems']} "
+      f"{ta['eval_split']} problems evaluated on the {ta['eval_devices']}'s devices",
       f"  batch     {ba['prompts']} prompts x {ba['samples_per_prompt']} samples, m={ba['m']}, "
       f"sync every {ba['sync_every']} steps; {searching}",
       f"  beta      {setup['beta']}",

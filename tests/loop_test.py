@@ -373,7 +373,8 @@ def test_every_run_records_its_setup_in_its_first_metrics_row(tmp_path, capsys):
       x.size for x in jax.tree.leaves(init_params(ModelConfig(**c.model.random.to_dict()), 0)))
   # The Task passed in is named as itself (not as the config's task.name), with the
   # metrics that show whether a run learned (a reward-scored task's defaults).
-  assert setup["task"] == {"name": "custom", "train_problems": 12, "test_problems": 4,
+  assert setup["task"] == {"name": "custom", "train_problems": 8, "validation_problems": 0,
+                           "test_problems": 4, "eval_split": "test",
                            "eval_problems": 2, "eval_devices": "trainer", "metrics": [
                                {"key": "reward_mean", "label": "train reward (mean of the "
                                 "trained batch)", "unit": ""},
@@ -383,8 +384,8 @@ def test_every_run_records_its_setup_in_its_first_metrics_row(tmp_path, capsys):
                                 "(mean)", "unit": ""}],
                            "unparseable_golds": {"train": 1, "test": 0}}
   said = capsys.readouterr()
-  assert "\n  task      custom: 12 train / 4 test problems" in said.out
-  assert ("task.verifier='paper_regex' can never match the gold answer of 1 of 12 train "
+  assert "\n  task      custom: 8 train / 0 validation / 4 test problems, 2 test" in said.out
+  assert ("task.verifier='paper_regex' can never match the gold answer of 1 of 8 train "
           "problems (e.g. 'none')") in said.err
   assert setup["beta"] == "0.1 at every step (tb)"
   assert setup["lr"] == "0.001 at every step (constant)"

@@ -1,10 +1,10 @@
-"""GSM8K answer extraction, reward, loading, and the offline arithmetic task."""
+"""GSM8K answer extraction, reward, loading, the offline arithmetic task and its splits."""
 import os
 
 import pytest
 
 from tba_jax.errors import DataError
-from tba_jax.tasks import arithmetic, gsm8k, read_records
+from tba_jax.tasks import Problem, arithmetic, gsm8k, hold_out, read_records
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
@@ -70,19 +70,93 @@ def test_paper_prompt_format():
     gsm8k.make_prompt("q", "fancy")
 
 
-def test_arithmetic_task_is_seeded_disjoint_and_answer_formatted():
-  train, test = arithmetic.make_problems("+*", 2, 9, seed=0, test_fraction=0.25)
-  assert len(train) + len(test) == 2 * 64 and len(test) == 32
-  assert not {p.fields["question"] for p in train} & {p.fields["question"] for p in test}
-  again, _ = arithmetic.make_problems("+*", 2, 9, seed=0, test_fraction=0.25)
-  assert again == train
-  for p in train + test:
+def test_arithmetic_splits_are_seeded_disjoint_and_answer_formatted():
+  train, validation, test = arithmetic.make_problems("+*", 2, 9, seed=0, test_fraction=0.25,
+                                                     validation_fraction=0.25)
+  assert (len(train), len(validation), len(test)) == (64, 32, 32)
+  questions = [{p.fields["question"] for p in s} for s in (train, validation, test)]
+  assert sum(map(len, questions)) == 128 and len(set.union(*questions)) == 128  # disjoint
+  for split in (train, validation, test):
+    assert [p.id for p in split] == list(range(len(split)))  # unique ids within a split
+  assert arithmetic.make_problems("+*", 2, 9, seed=0, test_fraction=0.25,
+                                  validation_fraction=0.25) == (train, validation, test)
+  assert arithmetic.make_problems("+*", 2, 9, seed=1, test_fraction=0.25,
+                                  validation_fraction=0.25)[1] != validation
+  for p in train + validation + test:
     a, op, b = p.fields["question"].removeprefix("What is ").removesuffix("?").split()
     assert p.target == (int(a) * int(b) if op == "*" else int(a) + int(b))
     assert gsm8k.gold_answer(p.fields["answer"]) == p.target
     assert gsm8k.reward(f"The answer is {int(p.target)}.", p.target) == 1.0
   with pytest.raises(ValueError, match="ops"):
     arithmetic.make_problems("/", 2, 9, seed=0, test_fraction=0.25)
+  with pytest.raises(ValueError, match="empty split"):
+    arithmetic.make_problems("+", 1, 2, seed=0, test_fraction=0.25, validation_fraction=0.75)
+
+
+@pytest.mark.parametrize("ops,low,high,seed", [("+*", 2, 9, 0), ("+", 1, 4, 0), ("*", 7, 8, 3)])
+def test_the_test_split_is_the_one_before_there_was_a_validation_split(ops, low, high, seed):
+  """Earlier test figures stay comparable: the test split is the old code's (below, as it
+  was), and validation and train are its former train split."""
+  import numpy as np
+  triples = [(a, op, b) for op in ops for a in range(low, high + 1) for b in range(low, high + 1)]
+  order = np.random.default_rng(seed).permutation(len(triples))
+  num_test = int(round(0.25 * len(triples)))
+  old_test = [(i, "What is {} {} {}?".format(*triples[k])) for i, k in enumerate(order[:num_test])]
+  old_train = {"What is {} {} {}?".format(*triples[k]) for k in order[num_test:]}
+  train, validation, test = arithmetic.make_problems(ops, low, high, seed=seed,
+                                                     test_fraction=0.25, validation_fraction=0.25)
+  assert [(p.id, p.fields["question"]) for p in test] == old_test
+  assert {p.fields["question"] for p in train + validation} == old_train
+
+
+def test_two_op_answers_follow_precedence():
+  assert arithmetic.evaluate(3, "+", 4, "*", 2) == 11
+  assert arithmetic.evaluate(3, "*", 4, "+", 2) == 14
+  assert arithmetic.evaluate(9, "-", 4, "-", 2) == 3
+  assert arithmetic.evaluate(9, "-", 4, "*", 2) == 1
+  train, validation, test = arithmetic.make_problems("+-*", 2, 5, seed=0, test_fraction=0.25,
+                                                     validation_fraction=0.25, form="two_op")
+  assert len(train + validation + test) == 9 * 4 ** 3
+  for p in train + validation + test:
+    expression = p.fields["question"].removeprefix("What is ").removesuffix("?")
+    assert p.target == eval(expression)  # Python's precedence is the usual one
+    assert gsm8k.gold_answer(p.fields["answer"]) == p.target
+
+
+def test_word_problems_are_varied_seeded_and_never_negative():
+  train, validation, test = arithmetic.make_problems("+-*", 2, 9, seed=0, test_fraction=0.25,
+                                                     validation_fraction=0.25, form="word")
+  problems = train + validation + test
+  assert len(problems) == 2 * (64 + 28 + 64)  # two templates per op; "-" only with a > b
+  assert len({p.fields["question"] for p in problems}) == len(problems)
+  assert all(p.target >= 0 for p in problems)
+  assert len({p.fields["question"].split()[0] for p in problems}) > 5  # names and "There"
+  again = arithmetic.make_problems("+-*", 2, 9, seed=0, test_fraction=0.25,
+                                   validation_fraction=0.25, form="word")
+  assert again == (train, validation, test)
+  for p in problems:
+    a, op, b = p.fields["answer"].split("=")[0].split()
+    assert p.target == arithmetic.evaluate(int(a), op, int(b))
+    assert a in p.fields["question"] and b in p.fields["question"]
+
+
+def test_num_problems_draws_a_seeded_subset():
+  train, validation, test = arithmetic.make_problems("+-*", 10, 99, seed=0, test_fraction=0.25,
+                                                     validation_fraction=0.25, num_problems=400)
+  assert (len(train), len(validation), len(test)) == (200, 100, 100)
+  with pytest.raises(ValueError, match="only 4 problems"):
+    arithmetic.make_problems("+", 1, 2, seed=0, test_fraction=0.25, num_problems=5)
+
+
+def test_hold_out_is_seeded_keeps_ids_and_leaves_train():
+  problems = [Problem(i, {"question": str(i)}) for i in range(40)]
+  rest, held = hold_out(problems, 0.05)
+  assert len(held) == 2 and len(rest) == 38 and hold_out(problems, 0.05) == (rest, held)
+  assert sorted(p.id for p in rest + held) == list(range(40))  # ids kept, disjoint
+  assert len(hold_out(problems[:3], 0.05)[1]) == 1  # at least one
+  assert hold_out(problems, 0.0) == (problems, [])
+  with pytest.raises(ValueError, match="leaves none"):
+    hold_out(problems[:1], 0.5)
 
 
 def test_default_hub_path_reads_the_parquet_file_with_the_declared_dependencies(tmp_path,

@@ -83,8 +83,10 @@ def test_build_task_reads_the_tiny_data_with_the_filter_and_the_query_as_prompt(
   from configs import tldr as tldr_config
   c = tldr_config.get_config("tiny")
   task = config_builders.build_task(c.task, tok)
-  assert (len(task.train), len(task.test)) == (11, 4)  # one long post dropped (256 tokens)
-  assert 11 not in [p.id for p in task.train]
+  # One long post dropped (256 tokens), one of the other 11 held out as the validation split.
+  assert (len(task.train), len(task.validation), len(task.test)) == (10, 1, 4)
+  assert 11 not in [p.id for p in task.train + task.validation]
+  assert not {p.id for p in task.train} & {p.id for p in task.validation}
   p = task.test[0]
   assert task.prompt(p) == p.fields["query"] and p.fields["query"].endswith("\n\nTL;DR:")
   assert isinstance(task.reward, tldr.Reward) and task.reward.no_eos_reward == -1.0

@@ -160,8 +160,10 @@ def test_task_prompts_get_their_bos_through_the_config_builders(llama_dir):
   tok = tokenizer.load(llama_dir)
   for style, templated in (("paper", False), ("chat", True)):
     c = ConfigDict(dict(name="arithmetic", prompt_style=style, question_suffix="",
-                        num_train_problems=0, thinking="auto", verifier="paper_regex",
-                        arithmetic=dict(ops="*", low=7, high=8, test_fraction=0.25, seed=0)))
+                        system_prompt="", num_train_problems=0, thinking="auto",
+                        verifier="paper_regex", arithmetic=dict(
+                            form="one_op", ops="*", low=7, high=8, test_fraction=0.25,
+                            validation_fraction=0.25, num_problems=0, seed=0)))
     task = config_builders.build_task(c, tok)
     assert task.templated_prompts == templated
     ids = config_builders.encode_prompts(task.train, task, tok, max_len=256)

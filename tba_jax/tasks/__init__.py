@@ -1,7 +1,8 @@
 """Tasks: problems, prompts and reward stages, the types every task is made of.
 
   Problem(id, fields, target)    # one problem: the fields its prompt is made from, a target
-  Task(train, test, prompt, reward, ...)
+  Task(train, test, prompt, reward, validation=..., ...)
+  train, validation = hold_out(train, fraction=0.05)  # a seeded validation split
   score = task.reward.build(mesh)   # a RewardStage: loads any models onto `mesh`, jits them
   rewards = score(batch)            # RewardBatch (N completions) -> float32 [N]
 
@@ -106,13 +107,21 @@ REWARD_HEADLINE = (Metric("eval/sampled_pass@1", "held-out reward, sampled (mean
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """What the runtime needs of a task: problems, a prompt for each, a reward."""
+  """What the runtime needs of a task: problems, a prompt for each, a reward.
+
+  Three splits: the searchers train on `train`; settings are chosen on `validation` (what
+  the recipe work's periodic evaluation reads, config eval.split); `test` is read once, for
+  the figure a recipe reports. Problem ids are unique within a split (train ids are the
+  replay buffer's prompt ids)."""
   train: Sequence[Problem]
   test: Sequence[Problem]
   prompt: Callable[[Problem], str]  # the text the model continues
   # A reward stage (module doc: built on each searcher's devices, scores whole batches), or
   # a plain (completion text, problem target) -> float function (a TextReward).
   reward: RewardStage | Callable[[str, Any], float]
+  # Held out from training like `test`, for choosing settings; () = none (refused only
+  # where an evaluation reads it: eval.split="validation").
+  validation: Sequence[Problem] = ()
   # True: prompt texts are rendered by the tokenizer's chat template and carry its special
   # tokens, so tokenizing them adds none (Tokenizer.encode_prompt).
   templated_prompts: bool = False
@@ -132,12 +141,34 @@ class Task:
   # model's turns); None: one turn, the completion is the model's alone.
   environment: Any = None
 
-  def check(self) -> None:
+  def check(self, eval_split: str = "test") -> None:
     """Refuses an empty split before a run uses it: the searchers shard `train` and the
-    evaluation reads `test`, and either would fail deep inside, after writing the workdir."""
-    for split in ("train", "test"):
+    evaluation reads `eval_split` ("validation" / "test"), and either would fail deep
+    inside, after writing the workdir."""
+    for split in ("train", eval_split):
       if not len(getattr(self, split)):
-        raise UserError(f"the {self.name} task has no {split} problems (Task.{split} is empty)")
+        raise UserError(f"the {self.name} task has no {split} problems (Task.{split} is empty)"
+                        + (": evaluate on the test split (eval.split=test), or give the task "
+                           "a validation split" if split == "validation" else ""))
+
+
+# The seed of every validation split carved from a train split (`hold_out`): fixed, not the
+# run's seed, so runs of different seeds choose their settings on the same problems.
+VALIDATION_SEED = 0
+
+
+def hold_out(problems: Sequence[Problem], fraction: float, seed: int = VALIDATION_SEED
+             ) -> tuple[list[Problem], list[Problem]]:
+  """(rest, validation): round(fraction x N) problems (at least one when fraction > 0) drawn
+  with `seed`, the rest in their order. Ids are kept (unique within each split, as they
+  were in `problems`), so a train problem keeps its row number in the data file."""
+  num = max(1, round(fraction * len(problems))) if fraction > 0 else 0
+  if num >= len(problems) and num:
+    raise ValueError(f"a validation fraction of {fraction} leaves none of the "
+                     f"{len(problems)} problems to train on")
+  held = set(np.random.default_rng(seed).permutation(len(problems))[:num].tolist())
+  return ([p for i, p in enumerate(problems) if i not in held],
+          [p for i, p in enumerate(problems) if i in held])
 
 
 def split_file(path: str, split: str, what: str) -> str:

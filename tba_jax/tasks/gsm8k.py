@@ -7,6 +7,10 @@ The pattern tries, in order, "digits.digits?", ".digits", "digits e digits" and
 "digits", each with an optional sign, so "1e3" is 1000, "-.5" is -0.5, "3." is 3
 and "+7" is 7; a decimal with an exponent splits ("1.5e3" reads 1.5, then 3), and
 "1E3" (capital E) reads 1, then 3, exactly as in their code.
+
+Splits: the data set's train (7,473) and test (1,319); the validation split is
+task.validation_fraction of train (5%: 374 problems, drawn with a fixed seed by
+tasks.hold_out in config_builders.question_task), the other 7,099 are trained on.
 """
 from __future__ import annotations
 
@@ -35,15 +39,19 @@ def gold_answer(answer: str) -> float:
   return value
 
 
-def make_prompt(question: str, style: str, tokenizer=None, thinking: bool | None = None) -> str:
+def make_prompt(question: str, style: str, tokenizer=None, thinking: bool | None = None,
+                system: str | None = None) -> str:
   """`style`: "paper" (the TBA paper's prompt) or "chat" (the tokenizer's chat template,
-  with `thinking` its reasoning switch: Qwen3's enable_thinking; None: the default)."""
+  with `thinking` its reasoning switch: Qwen3's enable_thinking; None: the default; and
+  `system` its system turn: None = the template's default, which may be its own text)."""
   if style == "paper":
+    if system is not None:
+      raise ValueError("the paper prompt style has no system turn")
     return PAPER_PROMPT.format(question=question)
   if style == "chat":
     if tokenizer is None:
       raise ValueError("the chat prompt style needs a tokenizer")
-    return tokenizer.chat_prompt(question, thinking=thinking)
+    return tokenizer.chat_prompt(question, system=system, thinking=thinking)
   raise ValueError(f"unknown prompt style {style!r} (paper, chat)")
 
 

@@ -1,7 +1,8 @@
 r"""MATH (Hendrycks et al. 2021): competition problems whose answers are LaTeX, in the
 12,000 / 500 train / test split of Lightman et al. (2023, "Let's Verify Step by
 Step", PRM800K) that most math-RL recipes train and test on. Its 500 test problems
-are MATH-500.
+are MATH-500. The validation split is task.validation_fraction of train (5%: 600
+problems, drawn with a fixed seed by tasks.hold_out), the other 11,400 are trained on.
 
 Data: from the hub (`HUB_ID`, the split as parquet files; the dataset TBA-prime's MATH
 configs name, bbartoldson/tba-prime configs/inference/math_1b.toml L12), or a local
