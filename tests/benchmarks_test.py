@@ -63,3 +63,26 @@ def test_the_tldr_searcher_benchmark_times_each_part_at_tiny_shapes(tiny_cfg):
                                   max_prompt_len=8)
   assert set(seconds) == {"step", "sampling", "reference", "reward"}
   assert all(s > 0 for s in seconds.values())
+
+
+def test_trl_grpo_fingerprints_name_the_recipe_not_the_seed_split_or_evaluation_grid():
+  """The protocol counts configurations by these (benchmarks/protocol.py): a run's seed, its
+  split and its evaluation grid leave them alone; an lr, a beta or the budget do not."""
+  from benchmarks import trl_grpo
+  from benchmarks.trl_grpo import Schedule, TrlSettings
+  spec = trl_grpo.CPU_RECIPE
+  base = Schedule(600.0, 60.0, 8, "validation")
+  tba = trl_grpo.tba_fingerprint(spec, [], base)
+  assert trl_grpo.tba_fingerprint(spec, [], Schedule(600.0, 30.0, 2, "test")) == tba
+  assert trl_grpo.tba_fingerprint(spec, ["optim.learning_rate=1e-5"], base) != tba
+  assert trl_grpo.tba_fingerprint(spec, [], Schedule(900.0, 60.0, 8, "validation")) != tba
+  trl = trl_grpo.trl_fingerprint(spec, TrlSettings(), base)
+  assert trl_grpo.trl_fingerprint(spec, TrlSettings(), Schedule(600.0, 5.0, 1, "test")) == trl
+  assert trl_grpo.trl_fingerprint(spec, TrlSettings(lr=2e-5), base) != trl
+  assert trl_grpo.trl_fingerprint(spec, TrlSettings(beta=0.0), base) != trl
+  assert TrlSettings.parse(TrlSettings(lr=2e-5, k=4).spec()[len("trl:"):]) == TrlSettings(
+      lr=2e-5, k=4)
+  # A seed-7 run of the recipe, as tba_arm resolves it, is the same recipe.
+  from benchmarks import protocol
+  seeded = trl_grpo.load_config(spec, trl_grpo.tba_overrides(base, 7))
+  assert seeded.seed == 7 and protocol.fingerprint(seeded.to_dict()) == tba
