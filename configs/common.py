@@ -181,6 +181,16 @@ def base() -> ml_collections.ConfigDict:
       moments_dtype=key("float32", ("float32", "bfloat16")),
       # gradient accumulation; each micro-batch holds whole prompts
       num_microbatches=key(1, ">= 1"),
+      # update-size control (tba_jax/train_step.py, DriftControl): "none" = the schedule's lr;
+      # "drift" = the schedule's lr times a scale in [lr_min / learning_rate, 1], adapted after
+      # every update to keep what it did to the policy (the batch's mean |log pi_new(y) -
+      # log pi_old(y)| per sequence, metrics update_drift; one more forward per update) near
+      # drift_target. Meant with schedule="constant": the lr then falls when, and as far as,
+      # the policy becomes easy to move, whatever the task's length.
+      lr_control=key("none", config_builders.LR_CONTROLS),
+      drift_target=key(0.5, "> 0"),  # nats per sequence per update
+      drift_gain=key(0.5, "(0, 1]"),  # each update: scale *= (target / measured) ** gain
+      lr_min=key(1e-7, "> 0"),  # the floor of the controlled lr (<= learning_rate)
   )
   c.buffer = dict(
       num_prompts=key(7, ">= 1"),  # B prompts per training batch

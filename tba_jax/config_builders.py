@@ -9,6 +9,7 @@ twice:
              (an experiment adds its own: experiments/launch.main(..., tasks=...))
   LOSSES     loss.name -> fn(loss section) -> train_step.LossFn
   SCHEDULES  optim.schedule -> fn(optim section, num_train_steps) -> lr(u)
+  LR_CONTROLS optim.lr_control -> fn(optim section) -> train_step.DriftControl or None
 """
 from __future__ import annotations
 
@@ -579,3 +580,13 @@ def lr_schedule(o, num_steps: int):
     raise ConfigError(f"optim.schedule={o.schedule!r}: must be one of "
                       f"{', '.join(map(repr, SCHEDULES))}")
   return SCHEDULES[o.schedule](o, num_steps)
+
+
+# optim.lr_control -> fn(optim section) -> train_step.DriftControl, or None: the schedule's lr
+# alone. "drift": lr(u) x a scale in [lr_min / learning_rate, 1] kept where each update's mean
+# |change of log pi(y)| per sequence is near drift_target (train_step.DriftControl).
+LR_CONTROLS = {
+    "none": lambda o: None,
+    "drift": lambda o: train_step.DriftControl(o.drift_target, o.lr_min / o.learning_rate,
+                                               o.drift_gain),
+}

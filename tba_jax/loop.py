@@ -298,16 +298,18 @@ def _trainer(c, model_cfg: ModelConfig, params, base, task: Task, trainer_mesh):
   optimizer = train_step.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None, o.b1, o.b2,
                                         moments_dtype=o.moments_dtype)
   log_z = build.learned_log_z(c.loss, task)
+  control = build.LR_CONTROLS[o.lr_control](o)  # None, or a DriftControl
   state = train_step.init_state(
-      params, optimizer, train_step.state_shardings(model_cfg, optimizer, trainer_mesh, log_z),
-      log_z)
+      params, optimizer,
+      train_step.state_shardings(model_cfg, optimizer, trainer_mesh, log_z, control), log_z)
   beta = build.beta_schedule(c.loss)
   train = train_step.make_update(
       model_cfg, optimizer, build.loss_fn(c.loss), beta, trainer_mesh,
       temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
       num_microbatches=o.num_microbatches, remat=c.model.remat, lr_schedule=lr,
       ref_weight_schedule=build.ref_weight_schedule(c.loss), learned_log_z=log_z,
-      dropout=c.model.dropout, dropout_seed=c.seed, prompt_group=c.buffer.samples_per_prompt)
+      dropout=c.model.dropout, dropout_seed=c.seed, prompt_group=c.buffer.samples_per_prompt,
+      drift_control=control)
   # LoRA: every update also reads the frozen base (never donated, never rebound).
   update = (lambda state, batch: train(state, batch, base)) if base else train
   return state, update, beta, lr

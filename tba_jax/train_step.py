@@ -34,6 +34,17 @@ beta schedules: the authors step their scheduler before each update
 (tba_trainer_gsm8k.py L665), so update u uses lr(u) and the first update of a
 warmup already moves (optax counts from 0; make_optimizer shifts by one).
 
+Update-size control (`DriftControl`, config optim.lr_control="drift"): the step is tied to
+what it does to the policy, not to a horizon. Each update measures its own effect, the
+mean over the batch's rows of |log pi_new(y) - log pi_old(y)| per sequence (pi_old the
+params before it, pi_new after; one extra teacher-forced forward, no backward), and a
+scalar lr scale in the TrainState moves multiplicatively towards the scale that would
+have hit `target`, within [min_scale, 1] (DriftControl.next_scale); the next update's
+optimizer step is multiplied by it (Adam's step is linear in the lr, so this IS an lr
+of lr(u) * scale). It composes with any schedule: the intended pairing is a constant lr
+(the peak) with the controller supplying the decay when, and as far as, the policy
+becomes easy to move (e.g. after its entropy collapses), whatever the task's horizon.
+
 Loss functions share one signature (`LossFn`) so the same update trains with
 TB (`tb_loss`) or the baselines (`rloo_loss`, `grpo_loss`, `ratio_loss`); their switches are
 keyword-only, bound with functools.partial. A loss that averages over tokens rather than
@@ -67,6 +78,9 @@ class TrainState:
   # None with VarGrad's estimate.
   log_z: jax.Array | None = None
   log_z_opt_state: optax.OptState | None = None
+  # DriftControl: the factor (float32 scalar, replicated; 1 at the start) the next update's
+  # optimizer step is multiplied by; None without it.
+  lr_scale: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +93,32 @@ class LearnedLogZ:
   """
   optimizer: optax.GradientTransformation
   num_prompts: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftControl:
+  """An lr scale that keeps what one update does to the policy near `target` (module doc).
+
+  The measured signal, `update_drift`, is the mean over the trained batch's rows of
+  |log pi_new(y) - log pi_old(y)| (nats per sequence, tempered log-probs over the
+  completion mask), averaged over micro-batches exactly as the loss is. Absolute values,
+  not the KL-style mean of log pi_old - log pi_new: TB raises some of a batch's
+  sequences and lowers others, so the signed mean cancels (its sign is not even fixed:
+  the rows come from older policies, so it is no KL estimate), while the mean |change| is
+  first order in the step and about proportional to the lr. That makes the update of the
+  scale, scale * (target / drift) ** gain, with gain 1 the scale that would have hit the
+  target on this batch; a gain below 1 damps batch-to-batch noise (geometric smoothing).
+  The scale stays in [min_scale, 1]: the lr never exceeds the schedule's and never falls
+  below lr_min = min_scale x optim.learning_rate; a non-finite drift sends it to the floor.
+  """
+  target: float     # nats per sequence per update (optim.drift_target)
+  min_scale: float  # in (0, 1]: optim.lr_min / optim.learning_rate
+  gain: float       # in (0, 1] (optim.drift_gain)
+
+  def next_scale(self, scale: jax.Array, drift: jax.Array) -> jax.Array:
+    """The scale of the next update, after one at `scale` moved the policy by `drift`."""
+    new = scale * (self.target / jnp.maximum(drift, 1e-12)) ** self.gain  # inf: clipped to 1
+    return jnp.clip(jnp.where(jnp.isfinite(drift), new, self.min_scale), self.min_scale, 1.0)
 
 
 # (policy per-token log-probs [N, Tc] float32, batch, beta) -> (loss, scalar metrics)
@@ -271,10 +311,11 @@ def _float32(tree):
 
 
 def state_shardings(model_config: ModelConfig, optimizer: optax.GradientTransformation,
-                    mesh: Mesh, learned_log_z: LearnedLogZ | None = None) -> TrainState:
+                    mesh: Mesh, learned_log_z: LearnedLogZ | None = None,
+                    drift_control: DriftControl | None = None) -> TrainState:
   """TrainState of NamedShardings: the trained params (lora.trained) and every
   param-shaped optimizer leaf FSDP-sharded on the trainer mesh, optimizer scalars,
-  the step and log Z replicated."""
+  the step, log Z and the lr scale replicated."""
   param_sh = lora.trained(model_config, sharding.param_shardings(model_config, "trainer", mesh))
   opt_shapes = jax.eval_shape(lambda p: optimizer.init(_float32(p)),
                               lora.trained(model_config, model.param_shapes(model_config)))
@@ -287,7 +328,8 @@ def state_shardings(model_config: ModelConfig, optimizer: optax.GradientTransfor
     log_z_opt = jax.tree.map(lambda _: replicated, jax.eval_shape(
         learned_log_z.optimizer.init, jnp.zeros(learned_log_z.num_prompts, jnp.float32)))
   return TrainState(params=param_sh, opt_state=opt_sh, step=replicated, log_z=log_z,
-                    log_z_opt_state=log_z_opt)
+                    log_z_opt_state=log_z_opt,
+                    lr_scale=None if drift_control is None else replicated)
 
 
 def batch_shardings(mesh: Mesh) -> TrainBatch:
@@ -300,7 +342,8 @@ def batch_shardings(mesh: Mesh) -> TrainBatch:
 
 def init_state(params: Params, optimizer: optax.GradientTransformation,
                shardings: TrainState, learned_log_z: LearnedLogZ | None = None) -> TrainState:
-  """A fresh TrainState on `shardings` (from state_shardings); step 0.
+  """A fresh TrainState on `shardings` (from state_shardings); step 0, and an lr scale of 1
+  where the shardings have one (state_shardings with a DriftControl).
 
   `params`: the trained parameters (lora.trained: with LoRA, the adapters). They
   are copied, so the caller's arrays survive the donation of the state by the
@@ -316,7 +359,8 @@ def init_state(params: Params, optimizer: optax.GradientTransformation,
       log_z_opt = learned_log_z.optimizer.init(log_z)
     return TrainState(params=jax.tree.map(jnp.copy, params),
                       opt_state=optimizer.init(_float32(params)),
-                      step=jnp.zeros((), jnp.int32), log_z=log_z, log_z_opt_state=log_z_opt)
+                      step=jnp.zeros((), jnp.int32), log_z=log_z, log_z_opt_state=log_z_opt,
+                      lr_scale=None if shardings.lr_scale is None else jnp.ones((), jnp.float32))
 
   return jax.jit(init, out_shardings=shardings)(params)
 
@@ -366,7 +410,8 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
                 lr_schedule: optax.ScalarOrSchedule | None = None,
                 ref_weight_schedule: BetaSchedule | None = None,
                 learned_log_z: LearnedLogZ | None = None, dropout: float = 0.0,
-                dropout_seed: int = 0, prompt_group: int = 1
+                dropout_seed: int = 0, prompt_group: int = 1,
+                drift_control: DriftControl | None = None
                 ) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict[str, jax.Array]]]:
   """The jitted `update(state, batch) -> (state, metrics)` on the trainer `mesh`.
 
@@ -383,7 +428,8 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
 
   metrics (replicated scalars): loss, grad_norm (before clipping), beta, lr
   (with `lr_schedule`, the learning rate given to make_optimizer: the one this
-  update applies, lr(u) of u = step + 1), reward_mean, num_tokens (real prompt + completion tokens: tokens/s is
+  update applies, lr(u) of u = step + 1, times lr_scale with a DriftControl), reward_mean,
+  num_tokens (real prompt + completion tokens: tokens/s is
   num_tokens over the caller's wall time of the step), completion_tokens, and
   the loss function's own (TB: log_z_mean, kl, ratio_weight_mean, residual_abs_mean and,
   with residual_clip, residual_clip_fraction).
@@ -401,9 +447,14 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
   `prompt_group` = K > 1: every batch's rows come in runs of K sharing their prompt (the
   replay buffer's slots; micro-batches keep them whole), whose prompt the forward runs
   once (model.completion_logits).
+  `drift_control` (init_state and state_shardings given the same): the optimizer's step
+  is multiplied by the state's lr_scale, the update's effect on the batch is measured by
+  one more forward at the new params (per micro-batch, no backward; with dropout two, both
+  without it) and the scale updated (DriftControl); metrics lr_scale (the one this update
+  applied), update_drift (the mean per-sequence |change| of log pi) and update_drift_max.
   """
   compute_config = model_config.replace(dtype=compute_dtype)
-  state_sh = state_shardings(model_config, optimizer, mesh, learned_log_z)
+  state_sh = state_shardings(model_config, optimizer, mesh, learned_log_z, drift_control)
   # Read once from the signature (functools.partial keeps it; a wrapper needs functools.wraps).
   per_token = "tokens_per_row" in inspect.signature(loss_fn).parameters
 
@@ -413,18 +464,27 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(dropout_seed), step), micro)
     return Dropout(key, dropout)
 
-  def objective(trainable, frozen, batch, beta, extra, drop):
-    params, log_z = trainable  # log_z: None (VarGrad) or the learned table
+  def policy_logprobs(params, frozen, batch, drop):
+    """(per-token log-probs [N, Tc], entropies) of the policy; differentiable in params."""
     # Master weights: the cast is part of the differentiated function, so the
     # gradient w.r.t. float32 params comes back in float32. (A frozen base already
     # in the compute dtype is not cast: astype to the same dtype is no copy.)
     params = jax.tree.map(lambda p: p.astype(compute_config.jnp_dtype),
                           lora.combine(frozen, params))
-    mask = batch.completion_mask
     logits = model.completion_logits(compute_config, params, batch.tokens, batch.attention_mask,
-                                     mask.shape[1], remat, drop, prompt_group)
-    token_lp, token_entropy = losses.token_logprobs_and_entropy(
-        logits, batch.tokens[:, batch.prompt_len:], temperature)
+                                     batch.completion_mask.shape[1], remat, drop, prompt_group)
+    return losses.token_logprobs_and_entropy(logits, batch.tokens[:, batch.prompt_len:],
+                                             temperature)
+
+  def sequence_logprobs(params, frozen, batch):
+    """log pi(y) [N] of each row, no dropout: what DriftControl compares before and after."""
+    token_lp = policy_logprobs(params, frozen, batch, None)[0]
+    return losses.masked_sum(token_lp, batch.completion_mask)
+
+  def objective(trainable, frozen, batch, beta, extra, drop):
+    params, log_z = trainable  # log_z: None (VarGrad) or the learned table
+    mask = batch.completion_mask
+    token_lp, token_entropy = policy_logprobs(params, frozen, batch, drop)
     if log_z is not None:
       extra = {**extra, "log_z": log_z[batch.prompt_ids]}
     loss, aux = loss_fn(token_lp, batch, beta, **extra)
@@ -435,7 +495,9 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     counted = jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
     entropy = losses.masked_sum(token_entropy, mask) / counted
     drift = losses.masked_sum(jax.lax.stop_gradient(token_lp) - batch.behaviour_logprobs, mask)
-    return loss, {**aux, "entropy": jnp.mean(entropy), "policy_drift": jnp.mean(jnp.abs(drift))}
+    aux = {**aux, "entropy": jnp.mean(entropy), "policy_drift": jnp.mean(jnp.abs(drift))}
+    # log pi(y) [rows] before the update, for DriftControl (without it unused: dropped).
+    return loss, (aux, losses.masked_sum(jax.lax.stop_gradient(token_lp), mask))
 
   grad_fn = jax.value_and_grad(objective, has_aux=True)
 
@@ -449,8 +511,9 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
       loss_kw = {**extra, "tokens_per_row": jnp.maximum(counted, 1) / batch.rewards.shape[0]}
     trainable = (state.params, state.log_z)
     if num_microbatches == 1:
-      (loss, aux), (grads, log_z_grad) = grad_fn(trainable, frozen, batch, beta, loss_kw,
-                                                 dropout_at(state.step, 0))
+      micro = batch
+      (loss, (aux, old_lp)), (grads, log_z_grad) = grad_fn(trainable, frozen, batch, beta,
+                                                           loss_kw, dropout_at(state.step, 0))
       grads = _float32(grads)
     else:
       micro = _group_sorted_microbatches(batch, num_microbatches, mesh)
@@ -464,31 +527,49 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
         return grad_sum, (loss, aux)
 
       zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
-      grad_sum, (loss, aux) = jax.lax.scan(accumulate, zeros,
-                                           (micro, jnp.arange(num_microbatches)))
+      grad_sum, (loss, (aux, old_lp)) = jax.lax.scan(accumulate, zeros,
+                                                     (micro, jnp.arange(num_microbatches)))
       grads, log_z_grad = jax.tree.map(lambda g: g / num_microbatches, grad_sum)
       loss, aux = jnp.mean(loss), jax.tree.map(jnp.mean, aux)
 
     # The optimizer sees float32 params and gradients (bfloat16 ones convert exactly);
     # bfloat16 params are rounded once, when the new weights are stored.
     updates, opt_state = optimizer.update(grads, state.opt_state, _float32(state.params))
+    lr_scale = state.lr_scale
+    if drift_control is not None:  # the step is linear in the lr (AdamW's decay term too)
+      updates = jax.tree.map(lambda u: u * lr_scale, updates)
     params = apply_updates(state.params, updates)
+    drift_metrics = {}
+    if drift_control is not None:
+      # What this update did to the policy: log pi(y) of the batch's rows at the new params
+      # against the old, in the micro-batch layout the gradient used ([M, N/M] rows, or [N]),
+      # so the mean over rows is the loss's average over micro-batches.
+      measure = lambda p: (sequence_logprobs(p, frozen, micro) if num_microbatches == 1 else
+                           jax.lax.map(lambda mb: sequence_logprobs(p, frozen, mb), micro))
+      if dropout:  # the training forward's log-probs had dropout: the old ones again, without
+        old_lp = measure(state.params)
+      change = jnp.abs(measure(params) - old_lp)
+      drift = jnp.mean(change)
+      drift_metrics = {"lr_scale": lr_scale, "update_drift": drift,
+                       "update_drift_max": jnp.max(change)}
+      lr_scale = drift_control.next_scale(lr_scale, drift)
     metrics = {
         "loss": loss, "grad_norm": optax.global_norm(grads), "beta": beta,
         "reward_mean": jnp.mean(batch.rewards),
         "num_tokens": jnp.sum(batch.attention_mask),
         "completion_tokens": jnp.sum(batch.completion_mask),
-        **aux, **extra,
+        **aux, **extra, **drift_metrics,
     }
     if lr_schedule is not None:
       lr = lr_schedule(state.step + 1) if callable(lr_schedule) else lr_schedule
-      metrics["lr"] = jnp.asarray(lr, jnp.float32)
+      lr = jnp.asarray(lr, jnp.float32)
+      metrics["lr"] = lr if drift_control is None else lr * state.lr_scale
     log_z, log_z_opt = state.log_z, state.log_z_opt_state
     if learned_log_z is not None:
       z_updates, log_z_opt = learned_log_z.optimizer.update(log_z_grad, log_z_opt, log_z)
       log_z = optax.apply_updates(log_z, z_updates)
     return TrainState(params=params, opt_state=opt_state, step=state.step + 1, log_z=log_z,
-                      log_z_opt_state=log_z_opt), metrics
+                      log_z_opt_state=log_z_opt, lr_scale=lr_scale), metrics
 
   out_sh = (state_sh, sharding.replicated(mesh))
   if model_config.lora is None:  # nothing frozen: the two-argument program
