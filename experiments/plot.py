@@ -1,6 +1,7 @@
 r"""Runs side by side: what each run's task measures, against steps and wall-clock.
 
-  python -m experiments.plot WORKDIR [WORKDIR ...] --out fig.png [--labels a,b]
+  python -m experiments.plot WORKDIR [WORKDIR ...] --out fig.png [--labels a,b] \
+      [--metrics eval/policy_kl,eval/target_kl]
 
 Each run records in its metrics.jsonl what shows whether it learned (the setup's
 task metrics, run_info: tasks.Task.reward_metric and .headline, with labels and
@@ -8,7 +9,9 @@ units): the trained batches' reward and the headline evaluation metrics (GSM8K:
 held-out accuracy; TL;DR: win rate, perplexity, KL; red-teaming: attack success
 rate, toxicity, diversity). One row of panels per metric, against trainer steps
 (left) and wall-clock (right); runs that measure the same metric share its panel.
-Interrupted and resumed runs read as one history (metrics.read_jsonl).
+Interrupted and resumed runs read as one history (metrics.read_jsonl). `--metrics` adds
+panels for other metrics.jsonl keys, e.g. the distance to TB's target (target_distance.METRICS
+names and labels them).
 """
 import argparse
 import os
@@ -16,6 +19,7 @@ import sys
 
 from tba_jax.errors import UserError
 from tba_jax.metrics import read_jsonl, read_setup
+from tba_jax.target_distance import METRICS as TARGET_METRICS
 from tba_jax.tasks import REWARD_HEADLINE, REWARD_METRIC, Metric
 
 
@@ -32,8 +36,15 @@ def _time_axis(seconds: float) -> tuple[float, str]:
   return (60.0, "wall-clock (min)") if seconds > 120 else (1.0, "wall-clock (s)")
 
 
-def plot(workdirs, out, labels=None):
-  """Writes the figure to `out` and returns it (one row of 2 axes per metric)."""
+def extra_metrics(keys) -> list[Metric]:
+  """--metrics: each key as a Metric (target_distance.METRICS' label and unit where it has
+  one)."""
+  return [TARGET_METRICS.get(k, Metric(k, k)) for k in keys]
+
+
+def plot(workdirs, out, labels=None, extra=()):
+  """Writes the figure to `out` and returns it (one row of 2 axes per metric); `extra`:
+  Metrics drawn for every run after its task's (where it logged them)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -45,7 +56,7 @@ def plot(workdirs, out, labels=None):
     path = os.path.join(workdir, "metrics.jsonl")
     if not os.path.exists(path):
       raise UserError(f"{path} does not exist (is {workdir} a run's workdir?)")
-    runs.append((label, read_jsonl(path), run_metrics(path)))
+    runs.append((label, read_jsonl(path), run_metrics(path) + list(extra)))
   panels = list(dict.fromkeys(m for _, _, metrics in runs for m in metrics))
   scale, time_label = _time_axis(max((r["wall_time"] for _, rows, _ in runs for r in rows),
                                      default=0.0))
@@ -83,10 +94,13 @@ def main():
   parser.add_argument("workdirs", nargs="+")
   parser.add_argument("--out", required=True, help="PNG file to write")
   parser.add_argument("--labels", default="", help="comma-separated run labels")
+  parser.add_argument("--metrics", default="",
+                      help="comma-separated metrics.jsonl keys to draw as well")
   args = parser.parse_args()
   labels = args.labels.split(",") if args.labels else None
+  extra = extra_metrics(args.metrics.split(",")) if args.metrics else ()
   try:
-    fig = plot(args.workdirs, args.out, labels)
+    fig = plot(args.workdirs, args.out, labels, extra)
   except UserError as e:
     sys.exit(f"error: {e}")
   keys = [ax.get_title() for ax in fig.axes[1::2]]

@@ -35,6 +35,7 @@ from tba_jax.schedule import Schedule
 from tba_jax.searcher import Exploration, PromptStream, Searcher, StaticRows
 from tba_jax.searcher_pool import SearcherPool
 from tba_jax.streaming import StreamingRows
+from tba_jax.target_distance import TargetDistance
 from tba_jax.turns import TurnRows, TurnSampler
 from tba_jax.tasks import Task, arithmetic, as_stage, gsm8k, hold_out, redteam, tldr
 from tba_jax.tasks import math as math_task  # (not `math`: the stdlib module is used here)
@@ -450,15 +451,17 @@ def replay_buffer(buffer_cfg, *, priority_beta: float, seed: int) -> ReplayBuffe
 
 
 def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, mesh,
-              max_prompt_len: int, progress: bool) -> Evaluator:
-  """Greedy and/or sampled evaluation on `mesh`, scored by the task's reward stage."""
+              max_prompt_len: int, progress: bool, include_eos: bool = True,
+              seed: int = 0) -> Evaluator:
+  """Greedy and/or sampled evaluation on `mesh`, scored by the task's reward stage;
+  `include_eos` (loss.include_eos) and `seed` for the distance to TB's target."""
   e, s = eval_cfg, sampler_cfg
   split = getattr(task, e.split)  # eval.split: "validation" or "test"
   problems = split[:e.num_problems] if e.num_problems else split
   prompt_tokens = list(encode_prompts(problems, task, tokenizer, max_prompt_len).values())
 
-  def make_sampler(**kw):
-    sampler = Sampler(model_config, max_new_tokens=e.max_new_tokens, eos_ids=tokenizer.eos_ids,
+  def make_sampler(cfg=model_config, **kw):
+    sampler = Sampler(cfg, max_new_tokens=e.max_new_tokens, eos_ids=tokenizer.eos_ids,
                       pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=e.min_new_tokens, **kw)
     if task.environment is None:
       return sampler
@@ -467,17 +470,28 @@ def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelC
     return TurnSampler(sampler, task.environment, tokenizer.encode_text, tokenizer.decode,
                        problems=by_prompt)
 
+  sampling = dict(temperature=e.temperature or s.temperature, top_k=s.top_k, top_p=s.top_p)
+  target = None
+  # The distance to TB's target reads the sampled pass as samples of the trained (tempered,
+  # untruncated) policy: only where they are.
+  if (e.target_distance and e.num_samples and sampling["temperature"] == s.temperature
+      and not s.top_k and s.top_p == 1.0):
+    target = TargetDistance(
+        Layout(max_prompt_len, e.max_new_tokens, tokenizer.pad_id), s.temperature, include_eos,
+        mesh, seed,
+        # LoRA: the reference is the base model, sampled with its own config.
+        reference_sampled=(make_sampler(lora.base_config(model_config), **sampling)
+                           if model_config.lora is not None else None))
   return Evaluator(
       problems=problems,
       prompt_tokens=prompt_tokens,
       decode=tokenizer.decode, reward=as_stage(task.reward).build(mesh),
       eos_ids=tokenizer.eos_ids, batch_size=e.batch_size,
       greedy=make_sampler(greedy=True) if e.greedy else None,
-      sampled=make_sampler(temperature=e.temperature or s.temperature, top_k=s.top_k,
-                           top_p=s.top_p) if e.num_samples else None,
+      sampled=make_sampler(**sampling) if e.num_samples else None,
       num_samples=e.num_samples, answer=task.answer,
       metrics=task.evaluation.build(mesh) if task.evaluation is not None else None,
-      model_config=model_config, progress=progress)
+      model_config=model_config, progress=progress, target=target)
 
 
 def encode_prompts(problems, task: Task, tokenizer, max_len: int) -> dict[int, list[int]]:

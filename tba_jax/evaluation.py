@@ -1,11 +1,17 @@
-"""Evaluation: greedy pass@1, sampled pass@1 / pass@k, distinct final answers.
+"""Evaluation: greedy pass@1, sampled pass@1 / pass@k, distinct answers, distance to TB's target.
 
 Problems are batched through the same sampler the searchers use and scored by
 the task's reward stage (built on the evaluation devices); "pass" means a
 reward > 0, and pass@1 is the mean reward (0/1 for GSM8K). With n samples per
 problem, pass@k for k = 2, 4, 8, ... < n is the unbiased estimator of Chen et al.
 (2021), 1 - C(n - c, k) / C(n, k) for c passing samples, averaged over problems;
-pass@n is whether any passed. A task's own
+pass@n is whether any passed; distinct_correct counts a problem's distinct passing
+completions (whitespace normalised), beside its distinct final answers. With a `target`
+(TargetDistance), the sampled pass also says how far the policy is from trajectory
+balance's target at the evaluated step's beta (target_distance.py: policy_kl, target_kl,
+kl_to_target, tb_residual_std, reference_no_pass), from teacher-forced passes of the policy
+and the reference over its samples and over samples of the reference drawn once per
+reference (an extra sampled pass at the first evaluation and after a reset). A task's own
 metrics (Task.evaluation) see every completion of a pass at once, with the
 evaluated policy (`Policy`: its architecture, its params and the run's
 reference, e.g. for a KL); they carry their pass's name ("greedy_win_rate")
@@ -14,7 +20,8 @@ one. With several processes, each evaluates its own stride of the problems and
 the counts are summed across processes.
 
 A stop request (`should_stop`, the run's SIGTERM / Ctrl-C) abandons an evaluation: it
-holds no state, so nothing is lost but its scores. The batch in flight is left at once
+holds no state (the reference's samples are kept only once all were drawn), so nothing is
+lost but its scores. The batch in flight is left at once
 (`_generate`), and the decision is collective: after each batch every process exchanges
 its flag (distributed.broadcast_flags; a process with fewer problems takes part in the
 other's remaining rounds), and all leave at the same round, so none is left waiting in a
@@ -32,7 +39,8 @@ import jax
 import numpy as np
 import tqdm
 
-from tba_jax import distributed
+from tba_jax import distributed, target_distance
+from tba_jax.target_distance import TargetDistance
 from tba_jax.tasks import Problem, RewardBatch, RewardFn, reward_texts
 
 # generate(params, prompts, key) -> Rollouts (a sampler.Sampler)
@@ -85,16 +93,22 @@ class Evaluator:
   metrics: MetricsFn | None = None  # the task's own metrics, per pass (module docstring)
   model_config: Any = None  # the policy's, for the metrics (Policy)
   progress: bool = True
+  # The sampled pass's distance to TB's target (target_distance.py); None: not computed.
+  target: TargetDistance | None = None
   # The completions of the latest call, one dict each (pass, problem_id, question,
   # completion, reward), for WORKDIR/eval_samples/ (eval.save_samples).
   samples: list = dataclasses.field(default_factory=list)
+  # The reference's samples for log Z: ((reference version, its config), (rows, rewards
+  # [P, n], log pi_ref [P, n])) of this process's problems; drawn again when either changes.
+  _reference: tuple | None = dataclasses.field(default=None, repr=False)
 
   def _run(self, generate, params, indices, repeats, key, desc, should_stop=None):
-    """(rewards [len(indices), repeats], every completion as one RewardBatch) for the
-    problems at `indices`, `repeats` completions each (problem-major); None when a stop
-    request ended it (`__call__`)."""
+    """(rewards [len(indices), repeats], every completion as one RewardBatch, each row's
+    model mask: 1 on the model's own tokens, None without turns) for the problems at
+    `indices`, `repeats` completions each (problem-major); None when a stop request ended
+    it (`__call__`)."""
     rows = [i for i in indices for _ in range(repeats)]
-    rewards, batches = np.zeros(len(rows)), []
+    rewards, batches, masks = np.zeros(len(rows)), [], []
     bar = tqdm.tqdm(total=len(rows), desc=desc, disable=not self.progress, leave=False)
     for start in range(0, len(rows), self.batch_size):
       chunk = rows[start:start + self.batch_size]
@@ -114,6 +128,8 @@ class Evaluator:
                              getattr(out, "reward_mask", None)))
       rewards[start:start + len(chunk)] = self.reward(batch)
       batches.append(batch)
+      model_mask = getattr(out, "model_mask", None)  # TurnRollouts: replies are not the model's
+      masks += [None if model_mask is None else model_mask[j] for j in range(len(chunk))]
       bar.update(len(chunk))
       if _stop_everywhere(should_stop):
         bar.close()
@@ -130,7 +146,7 @@ class Evaluator:
         completions=[c for b in batches for c in b.completions],
         ended_with_eos=np.concatenate([b.ended_with_eos for b in batches]),
         texts=[t for b in batches for t in b.texts])
-    return rewards.reshape(len(indices), repeats), whole
+    return rewards.reshape(len(indices), repeats), whole, masks
 
   def _task_metrics(self, batch: RewardBatch, policy: Policy, prefix: str,
                     num_problems: int) -> tuple[dict, dict]:
@@ -152,13 +168,17 @@ class Evaluator:
     return out, rows
 
   def __call__(self, params, key, reference=None, reference_config=None,
-               should_stop: Callable[[], bool] | None = None) -> dict[str, float] | None:
+               should_stop: Callable[[], bool] | None = None, beta: float = 0.0,
+               ref_weight: float = 1.0, reference_version: int = 0) -> dict[str, float] | None:
     """Metrics under "eval/..." keys, averaged over the problems of every process; None
     when `should_stop` ended the evaluation (module docstring: on every process at once).
 
     `reference`: the run's reference policy's params, of `reference_config` (None: the
-    policy's config), for the task's metrics (Policy). `should_stop`: this process's stop
-    request (once True, it stays True); None: the evaluation runs to its end.
+    policy's config), for the task's metrics (Policy) and the distance to TB's target.
+    `should_stop`: this process's stop request (once True, it stays True); None: the
+    evaluation runs to its end. `beta`, `ref_weight`: TB's target of the update that made
+    `params` (target_distance.py; beta 0: only policy_kl); `reference_version`: changes
+    when the reference does (a reset), which draws the reference's samples again.
     """
     indices = list(range(jax.process_index(), len(self.problems), jax.process_count()))
     policy = Policy(self.model_config, params, reference, reference_config)
@@ -170,7 +190,7 @@ class Evaluator:
       ran = self._run(self.greedy, params, indices, 1, key, "eval greedy", should_stop)
       if ran is None:
         return None
-      r, batch = ran
+      r, batch, _ = ran
       sums["greedy_pass@1"] = r.sum()
       sums["greedy_pass@1_se"] = self._se_term(r)
       task_sums, rows = self._task_metrics(batch, policy, "greedy_" if both else "",
@@ -183,7 +203,7 @@ class Evaluator:
                       "eval sampled", should_stop)
       if ran is None:
         return None
-      r, batch = ran
+      r, batch, masks = ran
       sums["sampled_pass@1"] = r.mean(axis=1).sum()
       sums["sampled_pass@1_se"] = self._se_term(r)
       passed = (r > 0).sum(axis=1)
@@ -198,18 +218,75 @@ class Evaluator:
         answers = [self.answer(t) for t in batch.texts]
         sums["distinct_answers"] = float(sum(len(set(answers[k * n:(k + 1) * n]))
                                              for k in range(len(indices))))
+      sums["distinct_correct"] = distinct_correct(batch.texts, r)
+      if self.target is not None and reference is not None:
+        rows = target_distance.Rows.of(batch.prompts, batch.completions, batch.ended_with_eos,
+                                       masks, self.target.include_eos)
+        target_sums = self._target_sums(policy, rows, r, indices, beta, ref_weight,
+                                        reference_version, should_stop)
+        if target_sums is None:
+          return None
+        sums.update(target_sums)
     names = sorted(sums)
     totals = np.array([sums[k] for k in names] + [len(indices)], np.float64)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
       totals = np.asarray(multihost_utils.process_allgather(totals)).sum(axis=0)
     out = {f"eval/{k}": float(v / totals[-1]) for k, v in zip(names, totals[:-1])}
+    if "eval/tb_residual_var" in out:  # a mean variance -> its root (a held-out TB loss's)
+      out["eval/tb_residual_std"] = float(np.sqrt(max(out.pop("eval/tb_residual_var"), 0.0)))
     for k in [k for k in out if k.endswith("_se")]:
       # Summed squares (above) -> the standard error of the mean over problems:
       # sqrt((E[x^2] - E[x]^2) / (n - 1)) with x a problem's pass rate.
       mean, n = out[k[:-3]], totals[-1]
       out[k] = float(np.sqrt(max(out[k] - mean * mean, 0.0) / max(n - 1, 1)))
     return out
+
+  def _target_sums(self, policy: Policy, rows, rewards: np.ndarray, indices, beta: float,
+                   ref_weight: float, version: int, should_stop) -> dict | None:
+    """target_distance's metrics as sums over this process's problems (None: a stop request
+    ended the reference's pass): two teacher-forced passes over the sampled pass's rows,
+    with beta > 0 a third over the reference's samples (drawn once per reference)."""
+    n, spec = self.num_samples, self.target
+    shape = (len(indices), n)
+    lp = target_distance.sequence_logprobs(policy.model_config, policy.params, rows, spec, n)
+    ref_lp = target_distance.sequence_logprobs(policy.reference_config, policy.reference, rows,
+                                               spec, n)
+    if beta <= 0:  # no target (a baseline without a KL term): the KL to the reference alone
+      return {"policy_kl": float(np.sum(lp - ref_lp)) / n}
+    drawn = self._reference_samples(policy, indices, version, should_stop)
+    if drawn is None:
+      return None
+    ref_rows, ref_r, ref_ref_lp = drawn
+    ref_pi_lp = target_distance.sequence_logprobs(policy.model_config, policy.params, ref_rows,
+                                                  spec, n)
+    per_problem = target_distance.estimate(
+        lp.reshape(shape), ref_lp.reshape(shape), rewards, ref_pi_lp.reshape(ref_r.shape),
+        ref_ref_lp, ref_r, beta, ref_weight)
+    return {k: float(v.sum()) for k, v in per_problem.items()}
+
+  def _reference_samples(self, policy: Policy, indices, version: int, should_stop):
+    """(rows, rewards [P, n], log pi_ref [P, n]) of n samples of the reference per problem
+    of this process, at the sampled pass's settings, with a key fixed by the seed and the
+    reference's version (the same samples after a resume); None: a stop request."""
+    cache_key = (version, policy.reference_config)
+    if self._reference is not None and self._reference[0] == cache_key:
+      return self._reference[1]
+    spec = self.target
+    generate = (self.sampled if policy.reference_config == policy.model_config
+                else spec.reference_sampled)
+    key = jax.random.fold_in(jax.random.key(spec.seed), version)
+    ran = self._run(generate, policy.reference, indices, self.num_samples, key,
+                    "eval reference", should_stop)
+    if ran is None:
+      return None
+    r, batch, masks = ran
+    rows = target_distance.Rows.of(batch.prompts, batch.completions, batch.ended_with_eos,
+                                   masks, spec.include_eos)
+    ref_lp = target_distance.sequence_logprobs(policy.reference_config, policy.reference, rows,
+                                               spec, self.num_samples)
+    self._reference = (cache_key, (rows, r, ref_lp.reshape(r.shape)))
+    return self._reference[1]
 
   def _rounds(self, repeats: int) -> int:
     """The batches of a pass on the process with the most problems (process 0)."""
@@ -232,6 +309,14 @@ class Evaluator:
       self.samples.append({"pass": name, "problem_id": problem.id, **problem.fields,
                            "completion": text, "reward": float(reward),
                            **{k: v[i] for k, v in rows.items()}})
+
+
+def distinct_correct(texts: Sequence[str], rewards: np.ndarray) -> float:
+  """The sum over problems (rows of `rewards` [P, n], texts problem-major) of the number of
+  distinct passing (reward > 0) completions, compared with their whitespace normalised."""
+  n = rewards.shape[1]
+  return float(sum(len({" ".join(texts[k * n + j].split()) for j in range(n) if row[j] > 0})
+                   for k, row in enumerate(rewards)))
 
 
 # Batches left running by a stop request (`_generate`): a process that exits while one is

@@ -128,7 +128,8 @@ def run(config, workdir: str, task: Task | None = None,
       mismatch_every=c.searcher.mismatch_every,
       schedule=Schedule.of(mode, c.sync.every, b.num_prompts, b.m, c.sync.paced))
   evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg, eval_mesh,
-                              c.task.max_prompt_len, progress=is_main)
+                              c.task.max_prompt_len, progress=is_main,
+                              include_eos=c.loss.include_eos, seed=c.seed + 2)
   # Golds the task's verifier can never match (their completions all score 0): said now, and
   # recorded with the run's setup.
   unparseable = verifiers.check_golds(task.reward, {"train": task.train,
@@ -412,15 +413,23 @@ class _Evaluation:
     (Evaluator) ended the evaluation: nothing is written then."""
     start = time.perf_counter()
     reference = reference_config = None
-    if self.task.evaluation is not None:  # a task's metrics may read the searchers' reference
+    # A task's metrics and the distance to TB's target read the searchers' reference.
+    if self.task.evaluation is not None or self.evaluator.target is not None:
       reference_config, reference = self.pool.reference()  # with LoRA the base's config
       if self.eval_index != 0:
         reference = jax.device_put(reference, sharding.param_shardings(
             reference_config, "searcher", self.eval_mesh))
+    # TB's target of the update that made these params (step 0: of the first update), and
+    # the reference's version: the step of its latest reset (loss.ref_reset_every).
+    lo, u = self.c.loss, max(step, 1)
+    ref_weight = build.ref_weight_schedule(lo)
     scores = self.evaluator(self.publish(params, self.eval_index),
                             jax.random.fold_in(jax.random.key(self.c.seed + 1), step),
                             reference=reference, reference_config=reference_config,
-                            should_stop=should_stop)
+                            should_stop=should_stop, beta=float(build.beta_schedule(lo)(u)),
+                            ref_weight=float(ref_weight(u)) if ref_weight else 1.0,
+                            reference_version=step - step % lo.ref_reset_every
+                            if lo.ref_reset_every else 0)
     if scores is None:
       if self.is_main:
         tqdm.tqdm.write(f"step {step}: evaluation abandoned after "

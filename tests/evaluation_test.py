@@ -1,5 +1,6 @@
 """The evaluator with a fake generator: pass rates, distinct answers, a task's own metrics,
-a stop request."""
+a stop request; with a tiny random model: the distance to TB's target."""
+import dataclasses
 import threading
 import time
 
@@ -192,3 +193,137 @@ def test_every_process_exchanges_the_stop_flag_at_the_same_rounds(monkeypatch):
     assert _evaluator(greedy=greedy, batch_size=1)(
         params=None, key=jax.random.key(0), should_stop=lambda: False) is None
     assert len(exchanges) == 8 and greedy.batches == (2 if process == 0 else 1)
+
+
+def test_distinct_correct_counts_each_problems_distinct_passing_texts():
+  from tba_jax.evaluation import distinct_correct
+  texts = ["a b", "a  b\n", "c", "x",   # problem 0: "a b" twice (whitespace), "c"; "x" failed
+           "x", "y", "z", "w"]          # problem 1: nothing passed
+  rewards = np.array([[1, 1, 1, 0], [0, 0, 0, 0]], float)
+  assert distinct_correct(texts, rewards) == 2.0
+  out = _evaluator()(params=None, key=jax.random.key(0))
+  assert out["eval/distinct_correct"] == pytest.approx(2 / 3)  # 1, 1, 0 (problem 2 failed)
+
+
+# ----- The distance to TB's target, on a tiny random model -----------------------------------
+PROMPTS = [[5, 6, 7], [8, 9], [10]]
+TF_EOS, TEMPERATURE, MAX_NEW = 3, 0.8, 5
+
+
+def _tiny_evaluator(cfg, mesh, num_samples=4, reference_cfg=None, **kw):
+  from tba_jax.batch import Layout
+  from tba_jax.sampler import Sampler
+  from tba_jax.target_distance import TargetDistance
+  sampler = lambda c: Sampler(c, max_new_tokens=MAX_NEW, temperature=TEMPERATURE,
+                              eos_ids=(TF_EOS,), mesh=mesh)
+  target = TargetDistance(Layout(4, MAX_NEW, 0), TEMPERATURE, include_eos=True, mesh=mesh,
+                          seed=7, reference_sampled=sampler(reference_cfg) if reference_cfg
+                          else None)
+  # Right when the first token is even: about half the samples of a random model.
+  reward = lambda batch: np.array([float(c[0] % 2 == 0) for c in batch.completions])
+  return Evaluator(problems=[Problem(i, {}, None) for i in range(len(PROMPTS))],
+                   prompt_tokens=PROMPTS, decode=lambda ids: " ".join(map(str, ids)),
+                   reward=reward, eos_ids=(TF_EOS,), batch_size=8, sampled=sampler(cfg),
+                   num_samples=num_samples, model_config=cfg, progress=False, target=target,
+                   greedy=None, **kw)
+
+
+def _direct_logprob(cfg, params, prompt, completion) -> float:
+  """log pi(completion | prompt) at the temperature from one unpadded forward pass."""
+  from tba_jax import model
+  tokens = np.array([list(prompt) + list(completion)], np.int32)
+  logits = np.asarray(model.logits(cfg, params, tokens), np.float64)[0] / TEMPERATURE
+  top = logits.max(-1, keepdims=True)
+  logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))  # log softmax
+  return float(sum(logp[len(prompt) - 1 + t, tok] for t, tok in enumerate(completion)))
+
+
+def _tiny_policies(cfg, mesh):
+  from tba_jax import sharding, weight_sync
+  from tba_jax.model import init_params
+  place = lambda p: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
+  return place(init_params(cfg, 1)), place(init_params(cfg, 0))
+
+
+def test_the_target_distance_equals_direct_forward_passes_of_policy_and_reference(tiny_cfg):
+  """Every figure from the policy's and the reference's log-probs of the pass's own samples
+  and of the reference's samples, recomputed one unpadded sequence at a time; the
+  teacher-forced passes run sharded over 2 devices."""
+  from tba_jax import sharding, target_distance
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:2])
+  policy, reference = _tiny_policies(tiny_cfg, mesh)
+  ev = _tiny_evaluator(tiny_cfg, mesh)
+  beta, w = 0.5, 0.8
+  out = ev(policy, jax.random.key(0), reference=reference, beta=beta, ref_weight=w)
+  n = 4
+  tokens = lambda text: [int(t) for t in text.split()]
+  rows = [(PROMPTS[s["problem_id"]], tokens(s["completion"]), s["reward"]) for s in ev.samples]
+  lp = lambda params, rs: np.array([_direct_logprob(tiny_cfg, params, p, c) for p, c, *_ in rs])
+  ref_rows, ref_r, _ = ev._reference[1]
+  ref_rows = list(zip(ref_rows.prompts, ref_rows.completions))
+  shape = (3, n)
+  want = target_distance.estimate(
+      lp(policy, rows).reshape(shape), lp(reference, rows).reshape(shape),
+      np.array([r for *_, r in rows]).reshape(shape), lp(policy, ref_rows).reshape(shape),
+      lp(reference, ref_rows).reshape(shape), ref_r, beta, w)
+  for k in ("policy_kl", "kl_to_target", "target_kl", "reference_no_pass"):
+    assert out[f"eval/{k}"] == pytest.approx(want[k].mean(), abs=2e-4), k
+  assert out["eval/tb_residual_std"] == pytest.approx(np.sqrt(want["tb_residual_var"].mean()),
+                                                      abs=2e-4)
+  assert out["eval/policy_kl"] != 0.0 and 0 < np.mean(ref_r) < 1  # not a trivial case
+
+
+def test_at_the_reference_policy_kl_is_exactly_zero_and_the_samples_are_drawn_once(tiny_cfg):
+  """The same params as policy and reference: the same numbers, so log pi - log pi_ref is 0
+  exactly; with a constant reward the target is the reference itself. The reference's
+  samples are drawn at the first evaluation only, and the log-prob function compiles once."""
+  from tba_jax import sharding, target_distance
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  policy, _ = _tiny_policies(tiny_cfg, mesh)
+  ev = _tiny_evaluator(tiny_cfg, mesh)
+  ev.reward = lambda batch: np.full(len(batch), 0.3)
+  drawn = Counting(ev.sampled)
+  ev.sampled = drawn
+  out = ev(policy, jax.random.key(0), reference=policy, beta=0.1)
+  assert out["eval/policy_kl"] == 0.0
+  assert out["eval/kl_to_target"] == pytest.approx(0.0, abs=1e-6)
+  assert out["eval/target_kl"] == pytest.approx(0.0, abs=1e-6)
+  assert out["eval/reference_no_pass"] == 0.0
+  batches = drawn.batches  # the pass's 12 rows and the reference's, 8 a batch
+  compiles = target_distance._sequence_logprobs._cache_size()
+  ev(policy, jax.random.key(1), reference=policy, beta=0.2)  # another step, another beta
+  assert drawn.batches == batches + 2  # only the pass itself
+  assert target_distance._sequence_logprobs._cache_size() == compiles
+  ev(policy, jax.random.key(1), reference=policy, beta=0.2, reference_version=5)  # a reset
+  assert drawn.batches == batches + 2 + 4
+  # Without a target (a baseline's beta 0) only the KL to the reference.
+  out = ev(policy, jax.random.key(1), reference=policy, beta=0.0)
+  assert out["eval/policy_kl"] == 0.0 and "eval/kl_to_target" not in out
+
+
+def test_a_lora_policys_reference_is_the_base_sampled_with_its_own_config(tiny_cfg):
+  """Fresh adapters (B = 0) leave the base model: the KL to it is 0 up to rounding, and the
+  reference's samples come from the base's sampler."""
+  from tba_jax import lora, sharding, weight_sync
+  from tba_jax.model import LoRAConfig, init_params
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  cfg = tiny_cfg.replace(lora=LoRAConfig(4, 8.0, tiny_cfg.projections))
+  params = weight_sync.publish(init_params(cfg, 1), sharding.param_shardings(cfg, "searcher", mesh))
+  base_cfg = lora.base_config(cfg)
+  ev = _tiny_evaluator(cfg, mesh, reference_cfg=base_cfg)
+  drawn = Counting(ev.target.reference_sampled)
+  ev.target = dataclasses.replace(ev.target, reference_sampled=drawn)
+  out = ev(params, jax.random.key(0), reference=lora.split(params)[0], reference_config=base_cfg,
+           beta=0.5)
+  assert drawn.batches == 2 and out["eval/policy_kl"] == pytest.approx(0.0, abs=1e-5)
+
+
+def test_a_stop_request_during_the_reference_pass_abandons_and_keeps_nothing(tiny_cfg):
+  from tba_jax import sharding
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  policy, reference = _tiny_policies(tiny_cfg, mesh)
+  ev = _tiny_evaluator(tiny_cfg, mesh)
+  ev.sampled = Counting(ev.sampled, stop_after=3)  # the pass takes 2 batches, then the reference's
+  assert ev(policy, jax.random.key(0), reference=reference, beta=0.5,
+            should_stop=ev.sampled.should_stop) is None
+  assert ev._reference is None

@@ -412,3 +412,23 @@ def test_plot_shows_each_task_s_headline_metrics_for_runs_side_by_side(tmp_path)
                     str(out)], cwd=ROOT, check=True, timeout=120, capture_output=True, text=True)
   assert missing.value.stderr == (f"error: {tmp_path}/missing/metrics.jsonl does not exist (is "
                                   f"{tmp_path}/missing a run's workdir?)\n")
+
+
+def test_plot_draws_the_metrics_asked_for_beside_the_tasks(tmp_path):
+  """--metrics: the distance to TB's target (its label and unit) and any other key."""
+  from experiments import plot
+  from tba_jax.tasks import Task, gsm8k
+  t = Task(train=[], test=[], prompt=str, reward=None, name="gsm8k",
+           reward_metric=gsm8k.REWARD_METRIC, headline=gsm8k.HEADLINE)
+  _metrics_file(tmp_path / "run", t, [
+      {"step": 0, "wall_time": 0.0, "eval/sampled_pass@1": 0.2, "eval/policy_kl": 0.0,
+       "eval/target_kl": 1.5},
+      {"step": 4, "wall_time": 9.0, "eval/sampled_pass@1": 0.6, "eval/policy_kl": 3.0,
+       "eval/target_kl": 1.4, "loss": 2.0}])
+  fig = plot.plot([str(tmp_path / "run")], str(tmp_path / "fig.png"),
+                  extra=plot.extra_metrics(["eval/policy_kl", "eval/target_kl", "loss"]))
+  titles = [ax.get_title() for ax in fig.axes[1::2]]
+  assert titles[-3:] == ["eval/policy_kl", "eval/target_kl", "loss"]
+  policy_kl = fig.axes[2 * titles.index("eval/policy_kl")]
+  assert policy_kl.get_ylabel() == "nats" and policy_kl.get_title().startswith("KL(pi || pi_ref)")
+  assert [list(l.get_ydata()) for l in policy_kl.lines] == [[0.0, 3.0]]

@@ -144,13 +144,15 @@ def test_tiny_smoke_command_prints_the_banner_and_ending_readme_shows(tiny_run):
   # The wording exactly; the figures are what metrics.jsonl logged. Which samples a random
   # model gets right follows the CPU's float rounding (a Xeon and an EPYC differ), so the
   # README's figures are one machine's and only their format is compared.
-  masked = lambda text: re.sub(r"\d+\.\d+", "N", text)
+  masked = lambda text: re.sub(r"-?\d+\.\d+", "N", text)  # a KL estimate may be negative
   assert [masked(l) for l in lines[-2:]] == masked(ending).strip().splitlines()
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   evals = {r["step"]: r for r in rows if "eval/greedy_pass@1" in r}
-  shown = re.findall(r"(eval/\S+) (?:(\d\.\d+) -> )?(\d\.\d+)", lines[-1])
-  assert [k for k, _, _ in shown] == ["eval/sampled_pass@1", "eval/greedy_pass@1",
-                                      "eval/distinct_answers", "eval/pass@2"]
+  shown = re.findall(r"(eval/\S+) (?:(-?\d\.\d+) -> )?(-?\d\.\d+)", lines[-1])
+  assert [k for k, _, _ in shown] == [
+      "eval/sampled_pass@1", "eval/greedy_pass@1", "eval/distinct_answers",
+      "eval/distinct_correct", "eval/kl_to_target", "eval/pass@2", "eval/policy_kl",
+      "eval/reference_no_pass", "eval/target_kl", "eval/tb_residual_std"]
   for key, start, end in shown:
     assert (start, end) == (f"{evals[0][key]:.3f}" if start else "", f"{evals[6][key]:.3f}")
   banner = _block_after("Every run first prints its setup", doc="docs/configs.md")
