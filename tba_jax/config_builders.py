@@ -324,7 +324,9 @@ def _check_splits(train_file: str, test_file: str, test_on_train: bool) -> bool:
 
 
 def _tldr_task(t, tokenizer) -> Task:
-  """TL;DR (tasks/tldr.py): train / validation with the authors' prompt-length filter."""
+  """TL;DR (tasks/tldr.py) with the authors' prompt-length filter: the data set's train file
+  (less task.validation_fraction of it, the validation split) and its validation file, the
+  test split (what the paper reports)."""
   tldr.check_tokenizer(tokenizer, tokenizer.hf.name_or_path)
   path = t.data_path or None
   train, dropped = tldr.to_problems(tldr.load_rows("train", path), tokenizer, t.max_prompt_len)

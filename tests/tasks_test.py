@@ -159,6 +159,20 @@ def test_hold_out_is_seeded_keeps_ids_and_leaves_train():
     hold_out(problems[:1], 0.5)
 
 
+def test_gsm8k_validation_is_held_out_of_train_and_test_is_untouched(tmp_path):
+  from configs import gsm8k as gsm8k_config
+  from tba_jax import config_builders, tokenizer
+  for split in ("train", "test"):
+    (tmp_path / f"{split}.jsonl").write_text(open(f"{DATA}/gsm8k_{split}.jsonl").read())
+  c = gsm8k_config.get_config(f"tiny,task.name=gsm8k,task.data_path={tmp_path}")
+  task = config_builders.build_task(c.task, tokenizer.byte_tokenizer())
+  assert (len(task.train), len(task.validation)) == (38, 2)  # 5% of the 40, at least one
+  assert sorted(p.id for p in task.train + task.validation) == list(range(40))  # row numbers
+  assert task.test == gsm8k.load("test", str(tmp_path))
+  again = config_builders.build_task(c.task, tokenizer.byte_tokenizer())
+  assert again.validation == task.validation  # a fixed seed, not the run's
+
+
 def test_default_hub_path_reads_the_parquet_file_with_the_declared_dependencies(tmp_path,
                                                                                monkeypatch):
   # The hub's GSM8K files are parquet: their reader must come with `pip install -e .`.
