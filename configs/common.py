@@ -260,8 +260,8 @@ def base() -> ml_collections.ConfigDict:
                              # WORKDIR/eval_samples/step_NNNNNN.jsonl (process 0's share)
       # the sampled pass's distance to TB's target (eval/policy_kl, eval/kl_to_target, ...;
       # tba_jax/target_distance.py): where it samples the trained policy (eval.temperature 0 or
-      # sampler.temperature, no top-k / top-p); three forward passes per sample, and the
-      # reference sampled once per run (and after each reference reset)
+      # sampler.temperature, no top-k / top-p); three teacher-forced passes over its samples
+      # (one at step 0), each about what sampling them costs on a CPU
       target_distance=True,
       # where it runs: "trainer" (this process's trainer devices, idle while it evaluates; the
       # searchers keep sampling) or "searcher" (searcher 0's). One device: the shared one either

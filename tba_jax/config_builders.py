@@ -453,10 +453,9 @@ def replay_buffer(buffer_cfg, *, priority_beta: float, seed: int) -> ReplayBuffe
 
 
 def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, mesh,
-              max_prompt_len: int, progress: bool, include_eos: bool = True,
-              seed: int = 0) -> Evaluator:
+              max_prompt_len: int, progress: bool, include_eos: bool = True) -> Evaluator:
   """Greedy and/or sampled evaluation on `mesh`, scored by the task's reward stage;
-  `include_eos` (loss.include_eos) and `seed` for the distance to TB's target."""
+  `include_eos` (loss.include_eos) for the distance to TB's target."""
   e, s = eval_cfg, sampler_cfg
   split = getattr(task, e.split)  # eval.split: "validation" or "test"
   problems = split[:e.num_problems] if e.num_problems else split
@@ -480,7 +479,7 @@ def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelC
       and not s.top_k and s.top_p == 1.0):
     target = TargetDistance(
         Layout(max_prompt_len, e.max_new_tokens, tokenizer.pad_id), s.temperature, include_eos,
-        mesh, seed,
+        mesh,
         # LoRA: the reference is the base model, sampled with its own config.
         reference_sampled=(make_sampler(lora.base_config(model_config), **sampling)
                            if model_config.lora is not None else None))

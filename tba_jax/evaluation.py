@@ -10,8 +10,10 @@ completions (whitespace normalised), beside its distinct final answers. With a `
 (TargetDistance), the sampled pass also says how far the policy is from trajectory
 balance's target at the evaluated step's beta (target_distance.py: policy_kl, target_kl,
 kl_to_target, tb_residual_std, reference_no_pass), from teacher-forced passes of the policy
-and the reference over its samples and over samples of the reference drawn once per
-reference (an extra sampled pass at the first evaluation and after a reset). A task's own
+and the reference over its samples and of the policy over the reference's: the sampled pass
+of the evaluation where the policy was the reference (step 0, a reset), kept, or drawn again
+with that evaluation's key by a run that did not make it (resumed: one more sampled pass).
+A task's own
 metrics (Task.evaluation) see every completion of a pass at once, with the
 evaluated policy (`Policy`: its architecture, its params and the run's
 reference, e.g. for a KL); they carry their pass's name ("greedy_win_rate")
@@ -40,7 +42,7 @@ import numpy as np
 import tqdm
 
 from tba_jax import distributed, target_distance
-from tba_jax.target_distance import TargetDistance
+from tba_jax.target_distance import StepTarget, TargetDistance
 from tba_jax.tasks import Problem, RewardBatch, RewardFn, reward_texts
 
 # generate(params, prompts, key) -> Rollouts (a sampler.Sampler)
@@ -98,8 +100,8 @@ class Evaluator:
   # The completions of the latest call, one dict each (pass, problem_id, question,
   # completion, reward), for WORKDIR/eval_samples/ (eval.save_samples).
   samples: list = dataclasses.field(default_factory=list)
-  # The reference's samples for log Z: ((reference version, its config), (rows, rewards
-  # [P, n], log pi_ref [P, n])) of this process's problems; drawn again when either changes.
+  # The reference's samples for log Z: ((reference step, its config), (rows, rewards [P, n],
+  # log pi_ref [P, n])) of this process's problems; drawn again when either changes.
   _reference: tuple | None = dataclasses.field(default=None, repr=False)
 
   def _run(self, generate, params, indices, repeats, key, desc, should_stop=None):
@@ -168,17 +170,16 @@ class Evaluator:
     return out, rows
 
   def __call__(self, params, key, reference=None, reference_config=None,
-               should_stop: Callable[[], bool] | None = None, beta: float = 0.0,
-               ref_weight: float = 1.0, reference_version: int = 0) -> dict[str, float] | None:
+               should_stop: Callable[[], bool] | None = None,
+               step_target: StepTarget | None = None) -> dict[str, float] | None:
     """Metrics under "eval/..." keys, averaged over the problems of every process; None
     when `should_stop` ended the evaluation (module docstring: on every process at once).
 
     `reference`: the run's reference policy's params, of `reference_config` (None: the
     policy's config), for the task's metrics (Policy) and the distance to TB's target.
     `should_stop`: this process's stop request (once True, it stays True); None: the
-    evaluation runs to its end. `beta`, `ref_weight`: TB's target of the update that made
-    `params` (target_distance.py; beta 0: only policy_kl); `reference_version`: changes
-    when the reference does (a reset), which draws the reference's samples again.
+    evaluation runs to its end. `step_target`: TB's target at this step, for the distance
+    to it (with `target`; None: not computed).
     """
     indices = list(range(jax.process_index(), len(self.problems), jax.process_count()))
     policy = Policy(self.model_config, params, reference, reference_config)
@@ -199,6 +200,7 @@ class Evaluator:
       self._keep("greedy", batch, r, rows)
     if sampled:
       n = self.num_samples
+      # (fold_in 1: the key the reference's samples are drawn again with, _draw_reference_samples)
       ran = self._run(self.sampled, params, indices, n, jax.random.fold_in(key, 1),
                       "eval sampled", should_stop)
       if ran is None:
@@ -219,11 +221,10 @@ class Evaluator:
         sums["distinct_answers"] = float(sum(len(set(answers[k * n:(k + 1) * n]))
                                              for k in range(len(indices))))
       sums["distinct_correct"] = distinct_correct(batch.texts, r)
-      if self.target is not None and reference is not None:
+      if self.target is not None and step_target is not None and reference is not None:
         rows = target_distance.Rows.of(batch.prompts, batch.completions, batch.ended_with_eos,
                                        masks, self.target.include_eos)
-        target_sums = self._target_sums(policy, rows, r, indices, beta, ref_weight,
-                                        reference_version, should_stop)
+        target_sums = self._target_sums(policy, rows, r, indices, step_target, should_stop)
         if target_sums is None:
           return None
         sums.update(target_sums)
@@ -242,51 +243,53 @@ class Evaluator:
       out[k] = float(np.sqrt(max(out[k] - mean * mean, 0.0) / max(n - 1, 1)))
     return out
 
-  def _target_sums(self, policy: Policy, rows, rewards: np.ndarray, indices, beta: float,
-                   ref_weight: float, version: int, should_stop) -> dict | None:
+  def _target_sums(self, policy: Policy, rows, rewards: np.ndarray, indices,
+                   at: StepTarget, should_stop) -> dict | None:
     """target_distance's metrics as sums over this process's problems (None: a stop request
-    ended the reference's pass): two teacher-forced passes over the sampled pass's rows,
-    with beta > 0 a third over the reference's samples (drawn once per reference)."""
+    ended the reference's pass): teacher-forced passes of the policy and the reference over
+    the pass's samples and of the policy over the reference's (drawn once per reference);
+    one pass where the policy is the reference and its samples are the reference's."""
     n, spec = self.num_samples, self.target
     shape = (len(indices), n)
     lp = target_distance.sequence_logprobs(policy.model_config, policy.params, rows, spec, n)
-    ref_lp = target_distance.sequence_logprobs(policy.reference_config, policy.reference, rows,
-                                               spec, n)
-    if beta <= 0:  # no target (a baseline without a KL term): the KL to the reference alone
+    ref_lp = lp if at.at_reference else target_distance.sequence_logprobs(
+        policy.reference_config, policy.reference, rows, spec, n)
+    cache_key = (at.reference_step, policy.reference_config)
+    if at.at_reference:  # keep them for the later evaluations of this reference
+      self._reference = (cache_key, (rows, rewards, lp.reshape(shape)))
+    if at.beta <= 0:  # no target (a baseline without a KL term): the KL to the reference alone
       return {"policy_kl": float(np.sum(lp - ref_lp)) / n}
-    drawn = self._reference_samples(policy, indices, version, should_stop)
-    if drawn is None:
-      return None
-    ref_rows, ref_r, ref_ref_lp = drawn
-    ref_pi_lp = target_distance.sequence_logprobs(policy.model_config, policy.params, ref_rows,
-                                                  spec, n)
-    per_problem = target_distance.estimate(
-        lp.reshape(shape), ref_lp.reshape(shape), rewards, ref_pi_lp.reshape(ref_r.shape),
-        ref_ref_lp, ref_r, beta, ref_weight)
+    if self._reference is None or self._reference[0] != cache_key:
+      if not self._draw_reference_samples(policy, indices, at, should_stop):
+        return None
+    ref_rows, ref_r, ref_ref_lp = self._reference[1]
+    ref_pi_lp = ref_ref_lp if at.at_reference else target_distance.sequence_logprobs(
+        policy.model_config, policy.params, ref_rows, spec, n).reshape(ref_r.shape)
+    per_problem = target_distance.estimate(lp.reshape(shape), ref_lp.reshape(shape), rewards,
+                                           ref_pi_lp, ref_ref_lp, ref_r, at.beta,
+                                           at.ref_weight)
     return {k: float(v.sum()) for k, v in per_problem.items()}
 
-  def _reference_samples(self, policy: Policy, indices, version: int, should_stop):
-    """(rows, rewards [P, n], log pi_ref [P, n]) of n samples of the reference per problem
-    of this process, at the sampled pass's settings, with a key fixed by the seed and the
-    reference's version (the same samples after a resume); None: a stop request."""
-    cache_key = (version, policy.reference_config)
-    if self._reference is not None and self._reference[0] == cache_key:
-      return self._reference[1]
+  def _draw_reference_samples(self, policy: Policy, indices, at: StepTarget,
+                              should_stop) -> bool:
+    """Draws the reference's samples: the sampled pass of the evaluation at
+    at.reference_step, with its key and the reference's params (the policy then), so a run
+    that did not evaluate there gets the same ones; False: a stop request ended it."""
     spec = self.target
     generate = (self.sampled if policy.reference_config == policy.model_config
                 else spec.reference_sampled)
-    key = jax.random.fold_in(jax.random.key(spec.seed), version)
-    ran = self._run(generate, policy.reference, indices, self.num_samples, key,
-                    "eval reference", should_stop)
+    ran = self._run(generate, policy.reference, indices, self.num_samples,
+                    jax.random.fold_in(at.reference_key, 1), "eval reference", should_stop)
     if ran is None:
-      return None
+      return False
     r, batch, masks = ran
     rows = target_distance.Rows.of(batch.prompts, batch.completions, batch.ended_with_eos,
                                    masks, spec.include_eos)
     ref_lp = target_distance.sequence_logprobs(policy.reference_config, policy.reference, rows,
                                                spec, self.num_samples)
-    self._reference = (cache_key, (rows, r, ref_lp.reshape(r.shape)))
-    return self._reference[1]
+    self._reference = ((at.reference_step, policy.reference_config),
+                       (rows, r, ref_lp.reshape(r.shape)))
+    return True
 
   def _rounds(self, repeats: int) -> int:
     """The batches of a pass on the process with the most problems (process 0)."""

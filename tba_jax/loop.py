@@ -49,6 +49,7 @@ from tba_jax.model import ModelConfig
 from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.schedule import Schedule, due
 from tba_jax.searcher_pool import SearcherError, SearcherPool
+from tba_jax.target_distance import StepTarget
 from tba_jax.tasks import Task
 
 __all__ = ["run", "SearcherError", "FINISHED_FILE"]
@@ -129,7 +130,7 @@ def run(config, workdir: str, task: Task | None = None,
       schedule=Schedule.of(mode, c.sync.every, b.num_prompts, b.m, c.sync.paced))
   evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg, eval_mesh,
                               c.task.max_prompt_len, progress=is_main,
-                              include_eos=c.loss.include_eos, seed=c.seed + 2)
+                              include_eos=c.loss.include_eos)
   # Golds the task's verifier can never match (their completions all score 0): said now, and
   # recorded with the run's setup.
   unparseable = verifiers.check_golds(task.reward, {"train": task.train,
@@ -419,17 +420,19 @@ class _Evaluation:
       if self.eval_index != 0:
         reference = jax.device_put(reference, sharding.param_shardings(
             reference_config, "searcher", self.eval_mesh))
-    # TB's target of the update that made these params (step 0: of the first update), and
-    # the reference's version: the step of its latest reset (loss.ref_reset_every).
+    key_at = lambda s: jax.random.fold_in(jax.random.key(self.c.seed + 1), s)
+    # TB's target of the update that made these params (step 0: of the first update). The
+    # reference is the policy of step 0 or of the latest reset (loss.ref_reset_every), made
+    # before this step's evaluation: at that step the params are the reference.
     lo, u = self.c.loss, max(step, 1)
     ref_weight = build.ref_weight_schedule(lo)
-    scores = self.evaluator(self.publish(params, self.eval_index),
-                            jax.random.fold_in(jax.random.key(self.c.seed + 1), step),
+    ref_step = step - step % lo.ref_reset_every if lo.ref_reset_every else 0
+    at = StepTarget(float(build.beta_schedule(lo)(u)),
+                    float(ref_weight(u)) if ref_weight else 1.0, ref_step, key_at(ref_step),
+                    at_reference=step == ref_step)
+    scores = self.evaluator(self.publish(params, self.eval_index), key_at(step),
                             reference=reference, reference_config=reference_config,
-                            should_stop=should_stop, beta=float(build.beta_schedule(lo)(u)),
-                            ref_weight=float(ref_weight(u)) if ref_weight else 1.0,
-                            reference_version=step - step % lo.ref_reset_every
-                            if lo.ref_reset_every else 0)
+                            should_stop=should_stop, step_target=at)
     if scores is None:
       if self.is_main:
         tqdm.tqdm.write(f"step {step}: evaluation abandoned after "

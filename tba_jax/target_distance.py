@@ -13,11 +13,12 @@ All per sequence (nats), log-probs summed over the completion tokens the loss co
 policy tempered as in training (sampler.temperature). For 0/1 rewards and w = 1 the target
 is about pi_ref given a right answer: target_kl ~ -log P_ref(right), and a policy far above
 it (policy_kl >> target_kl) has overshot, one collapsed onto a few of the target's answers
-has a large kl_to_target.
+has a large kl_to_target. At step 0 (pi = pi_ref) policy_kl is 0 and kl_to_target is
+KL(pi_ref || target), > 0 wherever the reward varies.
 
 log Z(x) = log sum_y pi_ref(y)^w exp(r(y) / beta) = log E_ref[exp(g)], g = a - log pi_ref,
-is estimated per prompt from two sample sets: n_r completions of the REFERENCE (sampled once
-per reference, evaluation.py) and the evaluation's n_p completions of the policy, pooled by
+is estimated per prompt from two sample sets: n_r completions of the REFERENCE (the sampled
+pass of the evaluation where the policy was the reference, evaluation.py) and the evaluation's n_p completions of the policy, pooled by
 multiple importance sampling (Veach's balance heuristic: the mixture q = (n_r pi_ref + n_p
 pi) / (n_r + n_p)), self-normalised:
 
@@ -39,7 +40,8 @@ a KL between two distributions on the pooled samples: 0/1 rewards give about -lo
 pooled estimate of P_ref(right), at most log(n_r + n_p) while the policy is the reference.
 Where neither set holds a right answer the target's mass is unseen and both KLs to the
 target are lower bounds; `reference_no_pass` (the share of prompts where no reference
-sample scored > 0) says how much of the estimate leans on the policy's samples.
+sample scored > 0) says how much of the estimate leans on the policy's samples (a reward
+that is never > 0, red-teaming's mean log p_toxic, reads 1 there: it says nothing).
 """
 from __future__ import annotations
 
@@ -81,10 +83,21 @@ class TargetDistance:
   temperature: float        # of the log-probs: the trained policy's (sampler.temperature)
   include_eos: bool         # whether the EOS token's log-prob counts (loss.include_eos)
   mesh: Any                 # the evaluation's devices
-  seed: int                 # the reference's samples: drawn with a key of this seed
   # A sampler of the reference's config where it is not the policy's (LoRA: the base
   # model, adapters off); None: the evaluation's sampled pass draws them.
   reference_sampled: Callable | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTarget:
+  """TB's target at the evaluated step, and which policy its reference is."""
+  beta: float               # of the update that made the params (0: none, policy_kl only)
+  ref_weight: float = 1.0   # w, the weight of log pi_ref (a tempered target: 1 / (gamma tau))
+  reference_step: int = 0   # the step whose policy the reference is: 0, or the latest reset
+  # That step's evaluation key: the reference's samples are that evaluation's sampled pass
+  # (drawn again, the same, by a run that did not evaluate there, e.g. a resumed one).
+  reference_key: Any = None
+  at_reference: bool = False  # the evaluated step is that one: the params are the reference
 
 
 @dataclasses.dataclass(frozen=True)

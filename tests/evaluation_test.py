@@ -217,8 +217,7 @@ def _tiny_evaluator(cfg, mesh, num_samples=4, reference_cfg=None, **kw):
   sampler = lambda c: Sampler(c, max_new_tokens=MAX_NEW, temperature=TEMPERATURE,
                               eos_ids=(TF_EOS,), mesh=mesh)
   target = TargetDistance(Layout(4, MAX_NEW, 0), TEMPERATURE, include_eos=True, mesh=mesh,
-                          seed=7, reference_sampled=sampler(reference_cfg) if reference_cfg
-                          else None)
+                          reference_sampled=sampler(reference_cfg) if reference_cfg else None)
   # Right when the first token is even: about half the samples of a random model.
   reward = lambda batch: np.array([float(c[0] % 2 == 0) for c in batch.completions])
   return Evaluator(problems=[Problem(i, {}, None) for i in range(len(PROMPTS))],
@@ -245,6 +244,11 @@ def _tiny_policies(cfg, mesh):
   return place(init_params(cfg, 1)), place(init_params(cfg, 0))
 
 
+def _at(beta, **kw):
+  from tba_jax.target_distance import StepTarget
+  return StepTarget(beta, reference_key=jax.random.key(9), **kw)
+
+
 def test_the_target_distance_equals_direct_forward_passes_of_policy_and_reference(tiny_cfg):
   """Every figure from the policy's and the reference's log-probs of the pass's own samples
   and of the reference's samples, recomputed one unpadded sequence at a time; the
@@ -254,7 +258,7 @@ def test_the_target_distance_equals_direct_forward_passes_of_policy_and_referenc
   policy, reference = _tiny_policies(tiny_cfg, mesh)
   ev = _tiny_evaluator(tiny_cfg, mesh)
   beta, w = 0.5, 0.8
-  out = ev(policy, jax.random.key(0), reference=reference, beta=beta, ref_weight=w)
+  out = ev(policy, jax.random.key(0), reference=reference, step_target=_at(beta, ref_weight=w))
   n = 4
   tokens = lambda text: [int(t) for t in text.split()]
   rows = [(PROMPTS[s["problem_id"]], tokens(s["completion"]), s["reward"]) for s in ev.samples]
@@ -273,10 +277,28 @@ def test_the_target_distance_equals_direct_forward_passes_of_policy_and_referenc
   assert out["eval/policy_kl"] != 0.0 and 0 < np.mean(ref_r) < 1  # not a trivial case
 
 
+def test_the_reference_samples_are_its_own_evaluations_drawn_again_the_same(tiny_cfg):
+  """The evaluation at the reference's step keeps its sampled pass as the reference's samples
+  (no extra pass); a run that did not evaluate there (a resumed one) draws the same ones."""
+  from tba_jax import sharding
+  mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
+  policy, reference = _tiny_policies(tiny_cfg, mesh)
+  first = _tiny_evaluator(tiny_cfg, mesh)
+  first.sampled = Counting(first.sampled)
+  first(reference, jax.random.key(9), reference=reference, step_target=_at(0.5, at_reference=True))
+  assert first.sampled.batches == 2  # 12 rows, 8 a batch: the pass alone
+  resumed = _tiny_evaluator(tiny_cfg, mesh)
+  resumed(policy, jax.random.key(3), reference=reference, step_target=_at(0.5))
+  (rows, r, lp), (again, r_again, lp_again) = first._reference[1], resumed._reference[1]
+  assert [c.tolist() for c in rows.completions] == [c.tolist() for c in again.completions]
+  np.testing.assert_array_equal(r, r_again)
+  np.testing.assert_allclose(lp, lp_again, atol=1e-5)
+
+
 def test_at_the_reference_policy_kl_is_exactly_zero_and_the_samples_are_drawn_once(tiny_cfg):
   """The same params as policy and reference: the same numbers, so log pi - log pi_ref is 0
   exactly; with a constant reward the target is the reference itself. The reference's
-  samples are drawn at the first evaluation only, and the log-prob function compiles once."""
+  samples are drawn once per reference, and the log-prob function compiles once."""
   from tba_jax import sharding, target_distance
   mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
   policy, _ = _tiny_policies(tiny_cfg, mesh)
@@ -284,20 +306,21 @@ def test_at_the_reference_policy_kl_is_exactly_zero_and_the_samples_are_drawn_on
   ev.reward = lambda batch: np.full(len(batch), 0.3)
   drawn = Counting(ev.sampled)
   ev.sampled = drawn
-  out = ev(policy, jax.random.key(0), reference=policy, beta=0.1)
+  out = ev(policy, jax.random.key(0), reference=policy, step_target=_at(0.1))
   assert out["eval/policy_kl"] == 0.0
   assert out["eval/kl_to_target"] == pytest.approx(0.0, abs=1e-6)
   assert out["eval/target_kl"] == pytest.approx(0.0, abs=1e-6)
   assert out["eval/reference_no_pass"] == 0.0
   batches = drawn.batches  # the pass's 12 rows and the reference's, 8 a batch
+  assert batches == 4
   compiles = target_distance._sequence_logprobs._cache_size()
-  ev(policy, jax.random.key(1), reference=policy, beta=0.2)  # another step, another beta
-  assert drawn.batches == batches + 2  # only the pass itself
+  out = ev(policy, jax.random.key(1), reference=policy, step_target=_at(0.2))  # another beta
+  assert out["eval/policy_kl"] == 0.0 and drawn.batches == batches + 2  # the pass alone
   assert target_distance._sequence_logprobs._cache_size() == compiles
-  ev(policy, jax.random.key(1), reference=policy, beta=0.2, reference_version=5)  # a reset
-  assert drawn.batches == batches + 2 + 4
+  ev(policy, jax.random.key(1), reference=policy, step_target=_at(0.2, reference_step=5))
+  assert drawn.batches == batches + 2 + 4  # a reset: the reference's samples drawn again
   # Without a target (a baseline's beta 0) only the KL to the reference.
-  out = ev(policy, jax.random.key(1), reference=policy, beta=0.0)
+  out = ev(policy, jax.random.key(1), reference=policy, step_target=_at(0.0))
   assert out["eval/policy_kl"] == 0.0 and "eval/kl_to_target" not in out
 
 
@@ -314,7 +337,7 @@ def test_a_lora_policys_reference_is_the_base_sampled_with_its_own_config(tiny_c
   drawn = Counting(ev.target.reference_sampled)
   ev.target = dataclasses.replace(ev.target, reference_sampled=drawn)
   out = ev(params, jax.random.key(0), reference=lora.split(params)[0], reference_config=base_cfg,
-           beta=0.5)
+           step_target=_at(0.5))
   assert drawn.batches == 2 and out["eval/policy_kl"] == pytest.approx(0.0, abs=1e-5)
 
 
@@ -324,6 +347,6 @@ def test_a_stop_request_during_the_reference_pass_abandons_and_keeps_nothing(tin
   policy, reference = _tiny_policies(tiny_cfg, mesh)
   ev = _tiny_evaluator(tiny_cfg, mesh)
   ev.sampled = Counting(ev.sampled, stop_after=3)  # the pass takes 2 batches, then the reference's
-  assert ev(policy, jax.random.key(0), reference=reference, beta=0.5,
+  assert ev(policy, jax.random.key(0), reference=reference, step_target=_at(0.5),
             should_stop=ev.sampled.should_stop) is None
   assert ev._reference is None
