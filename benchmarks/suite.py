@@ -195,7 +195,7 @@ def main(argv=None) -> dict:
   tasks = {n: suite_config.TASKS[n] for n in names}
   seeds = list(range(args.first_seed, args.first_seed + args.seeds))
   ledger = protocol.Ledger(args.results_dir)
-  schedules = {n: Schedule(args.minutes * 60 or t["budget_s"], args.eval_seconds,
+  schedules = {n: Schedule(round(args.minutes * 60, 6) or t["budget_s"], args.eval_seconds,
                            args.eval_samples, args.split) for n, t in tasks.items()}
   prints = {(n, spec): fingerprint(n, family, arm, schedules[n], args.tiny)
             for n in tasks for spec, (family, arm) in arms}
@@ -234,8 +234,7 @@ def main(argv=None) -> dict:
           curves = trl_grpo.tba_arm(trl_grpo.config_spec(name, args.tiny), arm, seed,
                                     schedule, where)
         else:
-          curves = trl_grpo.trl_arm(name, arm, seed, schedule, where,
-                                    prints[name, spec] if args.split == "test" else "")
+          curves = trl_grpo.trl_arm(name, arm, seed, schedule, where, args.results_dir)
         a["runs"][str(seed)] = curves
         a["aggregate"] = aggregate(a["runs"], task["target"])
         _write(path, report)  # after every run: a suite cut short keeps what it measured

@@ -178,16 +178,17 @@ def tba_curves(workdir: str) -> dict:
 
 # ----- The TRL arm --------------------------------------------------------------------------
 def trl_arm(task: str, settings: TrlSettings, seed: int, schedule: Schedule, out: str,
-            fingerprint: str = "") -> dict:
+            results_dir: str = protocol.RESULTS) -> dict:
   """A TRL run in a fresh process (its allocator set before torch loads); its curves. The
-  caller records the run in the ledgers (benchmarks/protocol.py); `fingerprint`: a
-  test-split run's, whose read it recorded."""
+  caller records the run in `results_dir`'s ledgers (benchmarks/protocol.py) first: a test
+  split run checks that its read was recorded."""
   cmd = [sys.executable, "-m", "benchmarks.trl_grpo", "--trl_only", f"--task={task}",
          f"--seed={seed}", f"--trl_lr={settings.lr}", f"--trl_beta={settings.beta}",
          f"--trl_prompts={settings.prompts}", f"--trl_k={settings.k}",
          f"--minutes={schedule.budget_s / 60}", f"--eval_seconds={schedule.eval_seconds}",
          f"--eval_samples={schedule.eval_samples}", f"--split={schedule.split}",
-         f"--test_fingerprint={fingerprint}", "--recorded", f"--out={out}"]
+         f"--results_dir={results_dir}", "--recorded",
+         f"--out={out}"]
   print(f"[trl] {' '.join(cmd[1:])}", flush=True)
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "run.log"), "w") as log:
@@ -270,12 +271,12 @@ def run_trl(c, settings: TrlSettings, seed: int, schedule: Schedule, out: str) -
       return time.perf_counter() - self.start - self.spent
 
     def evaluate(self, model, step):
-      t0 = time.perf_counter()
+      t0, at = time.perf_counter(), self.now()  # the training clock stops while it evaluates
       accuracy, se = evaluate(model)
-      curves["evals"].append(dict(seconds=self.now(), updates=step, accuracy=accuracy, se=se,
+      curves["evals"].append(dict(seconds=at, updates=step, accuracy=accuracy, se=se,
                                   metrics={}))
       self.spent += time.perf_counter() - t0
-      self.last_eval = self.now()
+      self.last_eval = at
 
     def on_train_begin(self, *a, model=None, **kw):
       self.start = time.perf_counter()
@@ -376,7 +377,7 @@ def plot(results: dict, path: str) -> None:
 
 
 # ----- The side-by-side command ---------------------------------------------------------------
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--task", default="", help="a configs/suite.py task ('': the cpu recipe)")
   parser.add_argument("--seed", type=int, default=0, help="both systems' seed")
@@ -396,23 +397,31 @@ def main():
                       help="run TRL alone (pair it later with --reuse_trl --out/curves.json)")
   parser.add_argument("--reuse_trl", default="",
                       help="a curves.json of an earlier run whose TRL curves to reuse")
-  # Set by benchmarks.suite, which records its runs in the ledgers itself: a test-split
-  # run's fingerprint (its recorded read), or that this validation run is recorded.
-  parser.add_argument("--test_fingerprint", default="", help=argparse.SUPPRESS)
+  # Set by benchmarks.suite, which records its runs in the ledgers itself.
   parser.add_argument("--recorded", action="store_true", help=argparse.SUPPRESS)
+  parser.add_argument("--results_dir", default=protocol.RESULTS, help="where the ledgers are")
   parser.add_argument("--out", default="/tmp/tba_vs_trl")
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
+  task, spec = args.task or "cpu", config_spec(args.task)
+  # (rounded: the suite passes its budget in minutes, and the fingerprint holds seconds)
+  schedule = Schedule(round(args.minutes * 60, 6), args.eval_seconds, args.eval_samples,
+                      args.split)
+  settings = TrlSettings(args.trl_lr, args.trl_beta, args.trl_prompts, args.trl_k)
+  ledger = protocol.Ledger(args.results_dir)
+  try:  # the test split: only TRL's arm of a read the suite recorded before launching it
+    if args.split == "test" and not args.trl_only:
+      raise protocol.ProtocolError("the side-by-side run evaluates on validation; the test "
+                                   "split is read through python -m benchmarks.suite --split "
+                                   "test")
+    if args.split == "test":
+      protocol.check_recorded_read(ledger, task, trl_fingerprint(spec, settings, schedule))
+  except protocol.ProtocolError as e:
+    sys.exit(f"error: {e}")
   from tba_jax import host_memory
   malloc = host_memory.keep_freed_memory()  # before torch or XLA allocate (module docstring)
   os.makedirs(args.out, exist_ok=True)
 
-  task, spec = args.task or "cpu", config_spec(args.task)
-  schedule = Schedule(args.minutes * 60, args.eval_seconds, args.eval_samples, args.split)
-  settings = TrlSettings(args.trl_lr, args.trl_beta, args.trl_prompts, args.trl_k)
-  ledger = protocol.Ledger()
-  if args.split == "test":  # only a read the suite recorded before launching it
-    protocol.check_recorded_read(ledger, task, args.test_fingerprint)
-  elif not args.recorded:  # every validation run counts as a configuration tried
+  if args.split == "validation" and not args.recorded:  # every validation run counts as a configuration tried
     if not (args.skip_tba or args.trl_only):
       ledger.record_validation(task, tba_spec(args.tba), protocol.OURS,
                                tba_fingerprint(spec, args.tba, schedule), args.seed,

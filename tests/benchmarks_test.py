@@ -86,3 +86,13 @@ def test_trl_grpo_fingerprints_name_the_recipe_not_the_seed_split_or_evaluation_
   from benchmarks import protocol
   seeded = trl_grpo.load_config(spec, trl_grpo.tba_overrides(base, 7))
   assert seeded.seed == 7 and protocol.fingerprint(seeded.to_dict()) == tba
+
+
+@pytest.mark.parametrize("extra", [[], ["--trl_only"]])
+def test_trl_grpo_reads_the_test_split_only_as_the_suites_recorded_read(tmp_path, extra):
+  from benchmarks import trl_grpo
+  with pytest.raises(SystemExit) as e:
+    trl_grpo.main(["--split", "test", "--task", "add_mul_1d", "--results_dir", str(tmp_path),
+                   "--out", str(tmp_path / "out"), *extra])
+  assert "python -m benchmarks.suite --split test" in str(e.value.code)
+  assert not os.listdir(tmp_path)  # refused before anything ran or was written

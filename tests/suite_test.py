@@ -94,7 +94,7 @@ def test_the_tiny_peer_and_unknown_tasks_are_refused(fake_tasks, capsys):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.slow  # a tiny tba_jax run in a subprocess: ~20 s on 2 cores
+@pytest.mark.slow  # two tiny tba_jax runs in subprocesses: 60-70 s on 2 busy cores
 def test_a_tiny_validation_suite_writes_curves_aggregates_and_the_ledger(tmp_path):
   from configs import suite as suite_config
   name = next(iter(suite_config.TASKS))
