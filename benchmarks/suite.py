@@ -24,7 +24,8 @@ every validation run is recorded in validation_runs.jsonl as it starts; --split 
 --frozen and --configs_tried, at least 2 seeds (3 on headline tasks) and the task's own
 budget, reads each (task, recipe) once (test_reads.jsonl; --reread_reason to read again,
 recorded), and refuses a peer with fewer configurations tried than tba (--unequal_tuning_ok,
-recorded). --tiny runs the tba arms on each task's tiny random model (tests: seconds).
+recorded). --tiny runs the tba arms on each task's tiny random model (tests: seconds),
+recorded under "NAME,tiny": no configuration of the task.
 """
 import argparse
 import datetime
@@ -127,9 +128,11 @@ def table(report: dict) -> str:
 
 # ----- The command ------------------------------------------------------------------------------
 def _machine() -> str:
-  model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor()) \
-      if os.path.exists("/proc/cpuinfo") else platform.processor()
+  model = platform.processor()
+  if os.path.exists("/proc/cpuinfo"):
+    with open("/proc/cpuinfo") as f:
+      model = next((line.split(":", 1)[1].strip() for line in f
+                    if line.startswith("model name")), model)
   return f"{model}, {os.cpu_count()} cores"
 
 
@@ -217,6 +220,7 @@ def main(argv=None) -> dict:
             "machine": _machine(), "tiny": args.tiny, "tasks": {}}
   for name, task in tasks.items():
     schedule = schedules[name]
+    ledger_name = name + (",tiny" if args.tiny else "")  # a tiny model's runs try nothing
     t = report["tasks"][name] = {
         "description": task["description"], "target": task["target"],
         "budget_s": schedule.budget_s, "eval_grid": schedule.grid(), "arms": {}}
@@ -226,7 +230,7 @@ def main(argv=None) -> dict:
       a = t["arms"][spec] = {"fingerprint": prints[name, spec], "runs": {}}
       for seed in seeds:
         if args.split == "validation":
-          ledger.record_validation(name, spec, family, prints[name, spec], seed,
+          ledger.record_validation(ledger_name, spec, family, prints[name, spec], seed,
                                    schedule.budget_s)
         where = os.path.join(args.workdir, stamp, name, spec.replace(":", "_").replace(",", "_")
                              .replace("=", "-"), f"seed{seed}")
@@ -240,7 +244,7 @@ def main(argv=None) -> dict:
         _write(path, report)  # after every run: a suite cut short keeps what it measured
     # On test, as the reads recorded them (the stated count where it exceeds the ledger's).
     t["configs_tried"] = (next(r["configs_tried"] for r in reads if r["task"] == name) if reads
-                          else {f: ledger.configs_tried(name, f)
+                          else {f: ledger.configs_tried(ledger_name, f)
                                 for f in (protocol.OURS, protocol.PEER)})
     _write(path, report)
   print(table(report))
