@@ -17,7 +17,8 @@ Writes --results_dir/suite_<split>_<time>.json after every run: per task, arm an
 curves (training seconds with evaluation time subtracted, updates, accuracy and its standard
 error, every eval/* metric tba_jax logged), and per task and arm over seeds: time and updates
 to the task's target (mean +- s.e. over the seeds that reached it; the others counted and
-named), final and peak accuracy and final minus peak (mean +- s.e.). Prints the table.
+named), final and peak accuracy and final minus peak (mean +- s.e.). At the end: the
+accuracy curves against training minutes and updates (suite_<split>_<time>.png), the table.
 
 The protocol (docs/benchmarks.md, "Protocol for recipe work"; benchmarks/protocol.py):
 every validation run is recorded in validation_runs.jsonl as it starts; --split test needs
@@ -124,6 +125,32 @@ def table(report: dict) -> str:
     if "configs_tried" in t:
       lines.append(f"  configurations tried on validation: {t['configs_tried']}")
   return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+  """Accuracy against training minutes and against updates, a row per task, a line per run."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  tasks = report["tasks"]
+  fig, axes = plt.subplots(len(tasks), 2, figsize=(12, 3.5 * len(tasks)), squeeze=False)
+  for row, (name, t) in enumerate(tasks.items()):
+    for col, (x, scale, label) in enumerate((("seconds", 60.0, "training minutes"),
+                                             ("updates", 1.0, "updates"))):
+      ax = axes[row, col]
+      for i, (spec, a) in enumerate(t["arms"].items()):
+        for j, curves in enumerate(a["runs"].values()):
+          evals = curves["evals"]
+          ax.plot([e[x] / scale for e in evals], [e["accuracy"] for e in evals], marker=".",
+                  color=f"C{i}", alpha=0.7, label=spec if j == 0 else None)
+      ax.axhline(t["target"], color="grey", linestyle=":")
+      ax.set_xlabel(label)
+      ax.set_title(f"{name}: sampled pass@1 ({report['split']})")
+      ax.grid(alpha=0.3)
+      ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
 
 
 # ----- The command ------------------------------------------------------------------------------
@@ -247,8 +274,9 @@ def main(argv=None) -> dict:
                           else {f: ledger.configs_tried(ledger_name, f)
                                 for f in (protocol.OURS, protocol.PEER)})
     _write(path, report)
+  plot(report, path[:-len(".json")] + ".png")
   print(table(report))
-  print(f"results: {path}")
+  print(f"results: {path} (curves: .png)")
   return report
 
 

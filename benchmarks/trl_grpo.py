@@ -15,6 +15,10 @@ K=8 generations, lr 1e-5, KL beta 0.04 by default (stable here); --trl_lr, --trl
 GRPOConfig(seed, data_seed) (transformers.set_seed: torch's generator, which its sampling
 and ours use, and its prompt sampler's order).
 
+Every run of this command on validation is a configuration tried: it is appended to
+benchmarks/results/validation_runs.jsonl as it starts (benchmarks/protocol.py; task "cpu"
+without --task), and benchmarks.suite runs its arms through tba_arm and trl_arm.
+
 The TRL process gets tba_jax's allocator setting (tba_jax/host_memory.py: one malloc arena,
 no mmap'd blocks, no trimming), applied before torch loads, as tba_jax applies it to itself
 on CPU; curves.json records whether it took.
@@ -329,7 +333,8 @@ def summary(curves: dict) -> dict:
   pair = lambda e: (e["accuracy"], e["se"])
   return {"start": pair(evals[0]), "final": pair(evals[-1]), "best": pair(best),
           "best_at": best["seconds"], "to_0.8": at(0.8), "to_0.9": at(0.9),
-          "steps": evals[-1]["updates"]}
+          "steps": evals[-1]["updates"] or max((t["updates"] for t in curves["train"]),
+                                                default=0)}
 
 
 def legacy_curves(curves: dict) -> dict:
@@ -371,7 +376,8 @@ def plot(results: dict, path: str) -> None:
       ax.set_xlabel(xlabel)
       ax.set_title(title)
       ax.grid(alpha=0.3)
-      ax.legend()
+      if ax.get_legend_handles_labels()[0]:  # (legacy curves have no updates to plot)
+        ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=110)
 
