@@ -47,6 +47,15 @@ def test_final_minus_peak_counts_a_fall_and_one_seed_has_no_standard_error():
           "aggregate": nobody}}, "configs_tried": {"tba": 1, "trl": 0}}}})
 
 
+def test_the_report_draws_every_run_against_minutes_and_updates(tmp_path):
+  runs = {"0": _curves([(0, 0, 0.3), (60, 5, 0.9)]), "1": _curves([(0, 0, 0.2), (70, 6, 0.8)])}
+  report = {"split": "validation", "tasks": {
+      name: {"target": 0.8, "arms": {"tba": {"runs": runs}, "trl:lr=1e-05": {"runs": runs}}}
+      for name in ("a", "b")}}
+  suite.plot(report, str(tmp_path / "suite.png"))
+  assert (tmp_path / "suite.png").stat().st_size > 0
+
+
 def test_arm_specs_parse_and_the_suites_own_keys_are_refused():
   assert suite.parse_arm("tba") == ("tba", [])
   assert suite.parse_arm("tba:optim.learning_rate=1e-5,loss.beta_end=0.1") == (
