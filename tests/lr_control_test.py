@@ -98,6 +98,7 @@ def test_the_scale_falls_above_the_target_rises_below_it_and_stays_in_its_bounds
       == pytest.approx(0.25)  # gain 1: the scale that would have hit the target
 
 
+@pytest.mark.slow  # 12-15 s on 2 cores (2026-12-05)
 def test_the_scale_multiplies_the_optimizer_step_and_follows_the_measured_drift(tiny_cfg):
   params, batch = a_batch(tiny_cfg, seed=3)
   update, state = start(tiny_cfg, params)
@@ -171,6 +172,7 @@ def test_the_lr_scale_round_trips_through_a_checkpoint_and_a_resume_without_it_i
   saves.close()
 
 
+@pytest.mark.slow  # 12-15 s on 2 cores (2026-12-05)
 def test_lora_adapters_train_under_control_and_their_drift_is_the_merged_policys(tiny_cfg):
   cfg = with_lora(tiny_cfg)
   base, batch = a_batch(tiny_cfg, seed=6)
@@ -210,6 +212,7 @@ def test_config_checks_name_the_controller_keys():
   config_checks.validate(tiny_config(optim=dict(lr_min=1.0)))  # no control: lr_min unread
 
 
+@pytest.mark.slow  # 12-15 s on 2 cores (2026-12-05)
 def test_a_controlled_run_logs_each_updates_scale_and_drift(tmp_path):
   c = tiny_config(num_train_steps=4, mesh=dict(num_devices=1),
                   optim=dict(lr_control="drift", drift_target=0.05, lr_min=1e-5))

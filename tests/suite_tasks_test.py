@@ -110,6 +110,7 @@ def test_each_tasks_tiny_config_runs_end_to_end(tmp_path, name):
   assert sum("eval/greedy_pass@1" in r for r in rows) == 2  # before and after
 
 
+@pytest.mark.slow  # 13 s on 2 cores (2026-12-05)
 def test_the_base_rate_benchmark_reads_validation_accuracy_per_task():
   from benchmarks import base_rates
   rates = base_rates.main(["--tasks", "add_mul_1d,word", "--tiny", "--num_problems", "2"])
