@@ -54,27 +54,29 @@ _SYSTEM = ("You are a careful math tutor who checks arithmetic homework for scho
            "Do not repeat the question, show your steps or add any words or units. "
            "Short, correct answers are what matters here.")
 
+
+def _asked(max_prompt_len: int, **arithmetic) -> dict:
+  """A task section whose prompt is the cpu recipe's user turn with the short-answer ask."""
+  return dict(prompt_style=_USER_TURN, question_suffix=_SHORT, max_prompt_len=max_prompt_len,
+              arithmetic=arithmetic)
+
+
 TASKS = {
     "add_mul_1d": dict(
         description="single-digit + and * (2..9): the cpu recipe's task",
-        task=dict(prompt_style=_USER_TURN, question_suffix=_SHORT, max_prompt_len=24,
-                  arithmetic=dict(form="one_op", ops="+*", low=2, high=9)),
+        task=_asked(24, form="one_op", ops="+*", low=2, high=9),
         tiny_max_prompt_len=64, budget_s=600, target=0.9),
     "two_op": dict(
         description="two operations on 2..5 (+ and *, * binds first)",
-        task=dict(prompt_style=_USER_TURN, question_suffix=_SHORT, max_prompt_len=28,
-                  arithmetic=dict(form="two_op", ops="+*", low=2, high=5)),
+        task=_asked(28, form="two_op", ops="+*", low=2, high=5),
         tiny_max_prompt_len=72, budget_s=1200, target=0.5),
     "two_digit": dict(
         description="two-digit + - * (10..99): sparse, a low base rate",
-        task=dict(prompt_style=_USER_TURN, question_suffix=_SHORT, max_prompt_len=28,
-                  arithmetic=dict(form="one_op", ops="+-*", low=10, high=99,
-                                  num_problems=2000)),
+        task=_asked(28, form="one_op", ops="+-*", low=10, high=99, num_problems=2000),
         tiny_max_prompt_len=72, budget_s=1500, target=0.3),
     "word": dict(
         description="one-operation word problems (+ - * on 2..9, two templates each)",
-        task=dict(prompt_style=_USER_TURN, question_suffix=_SHORT, max_prompt_len=44,
-                  arithmetic=dict(form="word", ops="+-*", low=2, high=9)),
+        task=_asked(44, form="word", ops="+-*", low=2, high=9),
         tiny_max_prompt_len=152, budget_s=900, target=0.6),
     "long_chat": dict(
         description="add_mul_1d behind the chat template with a system prompt",
