@@ -83,7 +83,7 @@ def main():
   c = redteam_config.get_config("cpu")
   mesh = sharding.make_mesh("searcher", jax.devices()[:1])
   task = config_builders.redteam_task(c.task.redteam)
-  attacks_on = redteam._attacks_on(task.reward.victim, task.reward.judge, mesh)
+  attacks_on = redteam.attacks_on(task.reward.victim, task.reward.judge, mesh)
   groups = {} if args.no_probes else dict(PROBES)
   if args.samples:
     path = config_builders.model_path(args.attacker)

@@ -68,7 +68,7 @@ def main():
                             num_replies=args.replies)
     judge = redteam.Judge("classifier", _write(os.path.join(d, "judge"), "roberta", tok, 2))
     cfg, params = hf_checkpoints.load(attacker_path, mesh=mesh, role="searcher")
-    attacks = redteam._attacks_on(victim, judge, mesh)
+    attacks = redteam.attacks_on(victim, judge, mesh)
   prompt = tok.encode_prompt(redteam.ATTACK_PROMPT)
   sampler = Sampler(cfg, max_new_tokens=21, temperature=1.0, eos_ids=tok.eos_ids,
                     pad_id=tok.pad_id, mesh=mesh, min_new_tokens=4, end_with_eos=True)

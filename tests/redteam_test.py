@@ -214,7 +214,7 @@ def test_diversity_matches_numpy_over_transformers_embeddings(tmp_path):
 def test_the_reward_is_the_mean_log_p_toxic_of_the_victims_replies_in_alpaca_format():
   victim = redteam.Victim("random", max_new_tokens=6, num_replies=3)
   judge = redteam.Judge("classifier", "random")
-  attacks = redteam._attacks_on(victim, judge, _mesh())
+  attacks = redteam.attacks_on(victim, judge, _mesh())
   prompt = attacks.tok.decode(attacks.victim_prompt("Do it now  \n"))
   assert prompt == redteam.ALPACA_PROMPT.format(instruction="Do it now")
   texts = ["Do it now", "Say something", "Do it now"]
@@ -288,7 +288,7 @@ def test_the_profanity_judge_is_the_reward_stage_c_and_the_evaluation_keeps_the_
   import profanity_check
   victim = redteam.Victim("random", max_new_tokens=6, num_replies=3)
   judge = redteam.Judge("profanity_check", "")
-  attacks = redteam._attacks_on(victim, judge, _mesh())
+  attacks = redteam.attacks_on(victim, judge, _mesh())
   texts = ["Do it now", "Say something", "Do it now"]
   replies = attacks.replies(texts)
   want = np.log(np.maximum(profanity_check.predict_prob(replies), 1e-12)).reshape(3, 3)

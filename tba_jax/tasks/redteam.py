@@ -146,7 +146,7 @@ class ToxicityReward:
   judge: Judge
 
   def build(self, mesh) -> RewardFn:
-    attacks = _attacks_on(self.victim, self.judge, mesh)
+    attacks = attacks_on(self.victim, self.judge, mesh)
     return lambda batch: attacks.log_p_toxic(batch.texts).mean(axis=1).astype(np.float32)
 
 
@@ -158,7 +158,7 @@ class AttackMetrics:
   embedder: str  # HF directory / hub id of a sentence encoder, or "random"
 
   def build(self, mesh):
-    attacks = _attacks_on(self.victim, self.judge, mesh)
+    attacks = attacks_on(self.victim, self.judge, mesh)
     embed = sentence_embedder(self.embedder, mesh, self.victim.seed)
 
     def metrics(batch, policy) -> dict:  # the attacks alone: `policy` not needed
@@ -194,8 +194,9 @@ def diversity(embeddings: np.ndarray) -> float:
 # evaluator's and the evaluation metrics on the same devices share one copy.
 # ---------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def _attacks_on(victim: Victim, judge: Judge, mesh) -> _Attacks:
-  return _Attacks(victim, judge, mesh)
+def attacks_on(victim: Victim, judge: Judge, mesh) -> Attacks:
+  """The victim and judge on `mesh` (one copy per spec and mesh; the benchmarks time its parts)."""
+  return Attacks(victim, judge, mesh)
 
 
 @functools.lru_cache(maxsize=None)
@@ -214,7 +215,7 @@ def sentence_embedder(path: str, mesh, seed: int = 0):
   return lambda texts: _chunked(scorer, [_encode(hf, t, max_len) for t in texts])
 
 
-class _Attacks:
+class Attacks:
   """Attack texts -> log p_toxic [N, num_replies]: the victim's replies, judged."""
 
   def __init__(self, victim: Victim, judge: Judge, mesh):
