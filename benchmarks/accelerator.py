@@ -1,6 +1,6 @@
 r"""Sampler, trainer and weight-sync speed of a 1B-class model on one accelerator.
 
-  python benchmarks/accelerator.py --hbm_gbps 4800 --peak_tflops 989   # H200 datasheet
+  python -m benchmarks.accelerator --hbm_gbps 4800 --peak_tflops 989   # H200 datasheet
   (benchmarks/gpu.sh runs this plus a short async GSM8K-format run)
 
 A random-init model of RhoMath-1B's shape (Llama, 22 layers, dim 2048,
@@ -23,13 +23,10 @@ import argparse
 import functools
 import json
 import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.timing import median_seconds  # noqa: E402
+from benchmarks.timing import median_seconds
 
 
 def kernel_summary(folder: str, steps: int, step_seconds: float) -> dict:

@@ -1,6 +1,6 @@
 r"""Asynchronous TBA against tba_jax's synchronous on-policy mode, side by side.
 
-  python benchmarks/async_speedup.py --minutes 8 --target 0.6 --out /tmp/async_vs_sync
+  python -m benchmarks.async_speedup --minutes 8 --target 0.6 --out /tmp/async_vs_sync
 
 Both runs use the embedded `cpu` config (SmolLM2-135M-Instruct, offline
 arithmetic, the same seed, prompts, batch shape B x K and evaluation), one
@@ -26,11 +26,10 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from experiments.plot import plot
+from tba_jax.metrics import read_jsonl
 
-from experiments.plot import plot  # noqa: E402
-from tba_jax.metrics import read_jsonl  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the runs' working directory
 
 ACC = "eval/sampled_pass@1"
 
@@ -76,7 +75,6 @@ def main():
   parser.add_argument("--out", default="/tmp/tba_async_vs_sync")
   parser.add_argument("--only", default="", help="run only 'async' or 'sync' (reuse the other)")
   args = parser.parse_args()
-  sys.path.insert(0, ROOT)
   from configs.gsm8k import get_config
   c = get_config("cpu")
   b, k = c.buffer.num_prompts, c.buffer.samples_per_prompt

@@ -1,9 +1,9 @@
 """How close the sampler's decode step is to its matmuls and to the memory roofline.
 
-  python benchmarks/decode_floor.py                     # batch 8 and 64, 128 new tokens
-  python benchmarks/decode_floor.py --batches 8 --new_tokens 32 --no_transformers
+  python -m benchmarks.decode_floor                     # batch 8 and 64, 128 new tokens
+  python -m benchmarks.decode_floor --batches 8 --new_tokens 32 --no_transformers
 
-SmolLM2-135M-Instruct float32, greedy, GSM8K chat prompts (as benchmarks/sampler.py).
+SmolLM2-135M-Instruct float32, greedy, GSM8K chat prompts (as benchmarks.sampler).
 For each batch B, measured in this one process:
 - tba_jax: the whole `Sampler` call, and a prefill-only call (max_new_tokens=1);
   decode step = (whole - prefill) / (N - 1).
@@ -17,16 +17,11 @@ For each batch B, measured in this one process:
   timed here (benchmarks/sampler.py's measurement; --no_transformers skips it).
 """
 import argparse
-import os
-import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # run as a script from a checkout
-
-from benchmarks import sampler as sampler_bench  # noqa: E402
-from benchmarks.timing import best_of  # noqa: E402
+from benchmarks import sampler as sampler_bench
+from benchmarks.timing import best_of
 
 
 def _decode_matrices(params):
@@ -105,14 +100,14 @@ def main():
   n, batches = args.new_tokens, [int(b) for b in args.batches.split(",")]
   peer = {}
   if not args.no_transformers:
-    runs = sampler_bench._run_transformers(path, batches, n, 1)["results"]
+    runs = sampler_bench.run_transformers(path, batches, n, 1)["results"]
     peer = {r["batch"]: b * n / r["seconds"] for b, r in zip(batches, runs)}
   print(f"SmolLM2-135M-Instruct float32, greedy, {n} new tokens; memory read {gbps:.1f} GB/s")
   print("batch | prefill s | decode ms/step | matmuls jax ms | matmuls torch ms | matmul share "
         "| roofline ms | of roofline | ceiling tok/s | transformers tok/s")
   key = jax.random.key(0)
   for b in batches:
-    prompts = sampler_bench._prompts(tok, b)
+    prompts = sampler_bench.gsm8k_prompts(tok, b)
     make = lambda new: sampler.Sampler(cfg, max_new_tokens=new, greedy=True, pad_id=tok.pad_id)
     whole, prefill_only = make(n), make(1)
     whole(params, prompts, key), prefill_only(params, prompts, key)  # compile

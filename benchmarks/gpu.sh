@@ -35,7 +35,7 @@ part() { local limit=$1; shift; timeout "$limit" "$@" || echo "== (that part end
   python3 -c "import jax, flax, optax, orbax.checkpoint as o; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'orbax', o.__version__, jax.devices())"
   echo "== attention backends on this device (tests/attention_test.py)"
   JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}" part 120 python3 -m pytest -q -p no:cacheprovider tests/attention_test.py 2>&1 | tail -n 5
-  acc=(python3 benchmarks/accelerator.py --hbm_gbps "${HBM_GBPS:-4800}" --peak_tflops "${PEAK_TFLOPS:-989}")
+  acc=(python3 -m benchmarks.accelerator --hbm_gbps "${HBM_GBPS:-4800}" --peak_tflops "${PEAK_TFLOPS:-989}")
   part 300 "${acc[@]}" --attention_impl auto | tee "$out/accelerator.txt"
   grep -q RESULTS "$out/accelerator.txt" || part 200 "${acc[@]}" --attention_impl xla | tee "$out/accelerator.txt"
   echo "== cuBLAS gemms instead of Triton's (they read the layer scan's weight slices in place)"

@@ -1,17 +1,13 @@
 r"""Greedy pass@1 of SmolLM2-135M-Instruct on real GSM8K through tba_jax's evaluation.
 
-  python benchmarks/gsm8k_baseline.py --data ../shared/data/gsm8k --num_problems 200
+  python -m benchmarks.gsm8k_baseline --data ../shared/data/gsm8k --num_problems 200
 
 The first --num_problems test problems, the --prompt_style prompt ("chat": the
 tokenizer's chat template; "paper": the TBA paper's "[MATH TASK] ..." prompt),
 greedy decoding up to --max_new_tokens, the paper's answer extraction.
 """
 import argparse
-import os
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main():

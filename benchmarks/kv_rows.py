@@ -40,7 +40,7 @@ def rows_in_flight(arg: str, hbm_gb: float, mean: float, page: int = 16, chunk: 
   from tba_jax import paged_kv
   e, c = _estimate(arg)
   if arg.startswith("tldr:"):
-    arch = memory._pythia(c.model.path)
+    arch = memory.pythia_shape(c.model.path)
   else:
     arch = memory.ARCHITECTURES[c.model.path]
   per_token = (2 * arch["num_layers"] * arch["num_kv_heads"] * arch["head_dim"]

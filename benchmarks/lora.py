@@ -28,10 +28,9 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks.timing import best_of
 
-from benchmarks.timing import best_of  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the runs' working directory
 
 ACC = "eval/sampled_pass@1"
 

@@ -1,6 +1,6 @@
 r"""benchmarks/accelerator.py's measurements beside benchmarks/roofline.py's predictions.
 
-  python benchmarks/accelerator.py ... | tee acc.txt      # the RESULTS {...} line
+  python -m benchmarks.accelerator ... | tee acc.txt      # the RESULTS {...} line
   JAX_PLATFORMS=cpu python -m benchmarks.roofline --shapes rho-1b --recipes accelerator \
       --json pred.json
   python -m benchmarks.measured_vs_predicted acc.txt pred.json --chip H200

@@ -124,7 +124,8 @@ PYTHIA = {"410m": _neox(1024, 24, 16, 4096), "1b": _neox(2048, 16, 8, 8192),
           "2.8b": _neox(2560, 32, 32, 10240), "6.9b": _neox(4096, 32, 32, 16384, vocab=50432)}
 
 
-def _pythia(path: str, num_labels: int = 0) -> dict:
+def pythia_shape(path: str, num_labels: int = 0) -> dict:
+  """ModelConfig keywords of the Pythia size a checkpoint path names (kv_rows reads them too)."""
   size = next(s for s in PYTHIA if f"pythia{s}-" in path or f"pythia-{s}-" in path)
   return {**PYTHIA[size], "num_labels": num_labels}
 
@@ -226,8 +227,8 @@ def estimate_tldr(arg: str) -> dict:
   from tba_jax.model import ModelConfig
 
   c = tldr.get_config(arg)
-  e = _layout(arg, c, ModelConfig(**_pythia(c.model.path), dtype="float32"))
-  size = lambda path: model.count_params(ModelConfig(**_pythia(path, num_labels=1)))
+  e = _layout(arg, c, ModelConfig(**pythia_shape(c.model.path), dtype="float32"))
+  size = lambda path: model.count_params(ModelConfig(**pythia_shape(path, num_labels=1)))
   reward_bytes = 2 if c.task.reward_dtype == "bfloat16" else 4
   # Every device of the process: num_devices, else the trainer's plus one per searcher.
   devices = c.mesh.num_devices or c.mesh.num_trainer_devices + c.mesh.num_searchers

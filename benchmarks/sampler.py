@@ -1,7 +1,7 @@
 """Sampler throughput: tba_jax vs transformers `generate`, same SmolLM2-135M weights.
 
-  python benchmarks/sampler.py                          # batch 1, 8, 32, 64; 128 new tokens
-  python benchmarks/sampler.py --batches 1,8 --new_tokens 32   # a quick look
+  python -m benchmarks.sampler                          # batch 1, 8, 32, 64; 128 new tokens
+  python -m benchmarks.sampler --batches 1,8 --new_tokens 32   # a quick look
 
 Greedy, float32, every row generates exactly `--new_tokens` tokens (EOS is
 ignored by both engines so they do the same work). Prompts are GSM8K test
@@ -21,14 +21,13 @@ import subprocess
 import sys
 import time
 
+from benchmarks.timing import best_of
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GSM8K = os.path.join(REPO, "tests", "data", "gsm8k_test.jsonl")
-sys.path.insert(0, REPO)  # run as a script from a checkout, installed or not
-
-from benchmarks.timing import best_of  # noqa: E402
 
 
-def _prompts(tokenizer, batch: int) -> list[list[int]]:
+def gsm8k_prompts(tokenizer, batch: int) -> list[list[int]]:
   with open(GSM8K) as f:
     questions = [json.loads(line)["question"] for line in f if line.strip()]
   return [tokenizer.encode(tokenizer.chat_prompt(questions[i % len(questions)]))
@@ -58,7 +57,7 @@ def _run_jax(path, batches, new_tokens, repeats):
   device = jax.devices()[0]
   results = []
   for b in batches:
-    prompts = _prompts(tok, b)
+    prompts = gsm8k_prompts(tok, b)
     s = sampler.Sampler(cfg, max_new_tokens=new_tokens, greedy=True, pad_id=tok.pad_id)
     _reset_peak_rss()
     t0 = time.perf_counter()
@@ -73,7 +72,7 @@ def _run_jax(path, batches, new_tokens, repeats):
   return dict(device=str(device), results=results)
 
 
-def _run_transformers(path, batches, new_tokens, repeats):
+def run_transformers(path, batches, new_tokens, repeats):
   import torch
   import transformers
   from tba_jax import tokenizer as tokenizer_lib
@@ -82,7 +81,7 @@ def _run_transformers(path, batches, new_tokens, repeats):
       os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
   results = []
   for b in batches:
-    prompts = _prompts(tok, b)
+    prompts = gsm8k_prompts(tok, b)
     width = max(map(len, prompts))
     ids = torch.full((b, width), tok.pad_id, dtype=torch.long)
     mask = torch.zeros((b, width), dtype=torch.long)
@@ -102,9 +101,9 @@ def _run_transformers(path, batches, new_tokens, repeats):
 
 
 def _child(engine: str, args) -> dict:
-  cmd = [sys.executable, os.path.abspath(__file__), "--engine", engine, "--batches",
+  cmd = [sys.executable, "-m", "benchmarks.sampler", "--engine", engine, "--batches",
          args.batches, "--new_tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
-  out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+  out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, cwd=REPO).stdout
   return json.loads(out.strip().splitlines()[-1])
 
 
@@ -121,7 +120,7 @@ def main():
   path = hf_checkpoints.smollm2_gguf_path()
 
   if args.engine:  # subprocess: measure one engine, print one JSON line
-    run = {"tba_jax": _run_jax, "transformers": _run_transformers}[args.engine]
+    run = {"tba_jax": _run_jax, "transformers": run_transformers}[args.engine]
     print(json.dumps(run(path, batches, args.new_tokens, args.repeats)))
     return
 

@@ -9,31 +9,47 @@ EOS on (every variant draws the same tokens from the same key, so each does the 
 Each part runs as a searcher runs it and as it ran before:
   sample     the Sampler's call: rows that share a prompt prefilling it once
              (share_prompts, the default) against every row prefilling its own
-  reference  the reference log-probs of the batch's completions (searcher._completion_logprobs,
-             the trainer's function): each prompt once for its 8 rows against every row whole
+  reference  the reference log-probs of the batch's completions as a searcher scores them
+             (model.completion_token_logprobs, the trainer's function): each prompt once for
+             its 8 rows against every row whole
 """
 from __future__ import annotations
 
 import argparse
 import os
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+def reference_logprobs(cfg, params, prompts, completions, layout, temperature: float,
+                       prompt_group: int):
+  """A callable: the reference log-probs of `completions` as a searcher scores them (the
+  trainer's `model.completion_token_logprobs` over `layout`'s columns, each run of
+  `prompt_group` rows sharing one prompt pass). Compiles on its first call."""
+  import jax
+  import numpy as np
+
+  from tba_jax import batch as batch_lib
+  from tba_jax import model
+
+  tokens, mask = batch_lib.token_rows(prompts, completions, layout)
+  fn = jax.jit(model.completion_token_logprobs,
+               static_argnames=("model_config", "completion_len", "temperature", "prompt_group"))
+  return lambda: np.asarray(fn(cfg, params, tokens, mask, completion_len=layout.completion_len,
+                               temperature=temperature, prompt_group=prompt_group))
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--repeats", type=int, default=5)
   args = parser.parse_args()
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax is imported
 
   import jax
-  import numpy as np
 
   from benchmarks.timing import median_seconds
   from configs import gsm8k
   from tba_jax import batch as batch_lib
   from tba_jax import config_builders, hf_checkpoints, sharding
   from tba_jax.sampler import Sampler
-  from tba_jax.searcher import _completion_logprobs
 
   c = gsm8k.get_config("cpu")
   s = c.sampler
@@ -52,12 +68,8 @@ def main():
   completions = [t[:n] for t, n in zip(out.tokens, out.lengths)]
   width = batch_lib.completion_width(int(out.lengths.max()), s.max_new_tokens, s.length_buckets)
   layout = batch_lib.Layout(c.task.max_prompt_len, width, tok.pad_id)
-  tokens, mask = batch_lib.token_rows(prompts, completions, layout)
-
-  def reference(group):
-    return lambda: np.asarray(_completion_logprobs(
-        cfg, params, tokens, mask, completion_len=layout.completion_len,
-        temperature=s.temperature, prompt_group=group))
+  reference = lambda group: reference_logprobs(cfg, params, prompts, completions, layout,
+                                               s.temperature, group)
 
   parts = [("sample, each prompt prefilled once", lambda: shared(params, prompts, key)),
            ("sample, every row prefilled", lambda: whole(params, prompts, key)),

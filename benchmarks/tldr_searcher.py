@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from benchmarks.searcher_batch import reference_logprobs
 from benchmarks.timing import best_of
 
 
@@ -36,6 +37,7 @@ def measure(cfg, rm_cfg, *, prompts: int, samples: int, prompt_len: int, new_tok
   reference of `cfg` and a reward model of `rm_cfg`, random weights on one device."""
   import jax
 
+  from tba_jax import batch as batch_lib
   from tba_jax import model, sharding, weight_sync
   from tba_jax.sampler import Sampler
   from tba_jax.searcher import PromptStream, Searcher, StaticRows
@@ -43,7 +45,7 @@ def measure(cfg, rm_cfg, *, prompts: int, samples: int, prompt_len: int, new_tok
 
   mesh = sharding.make_mesh("searcher", jax.devices()[:1])
   place = lambda c, seed: model.init_params(c, seed, sharding.param_shardings(c, "searcher", mesh))
-  policy, reference, reward_params = place(cfg, 0), place(cfg, 1), place(rm_cfg, 2)
+  policy, ref_params, reward_params = place(cfg, 0), place(cfg, 1), place(rm_cfg, 2)
 
   class RandomReward(tldr.Reward):  # the task's reward stage, over these random weights
     def load(self, mesh):
@@ -54,7 +56,7 @@ def measure(cfg, rm_cfg, *, prompts: int, samples: int, prompt_len: int, new_tok
   prompt_tokens = {i: [int(t) for t in rng.integers(2, cfg.vocab_size, prompt_len)] for i in ids}
   sampler = Sampler(cfg, max_new_tokens=new_tokens, temperature=0.7, pad_id=1, mesh=mesh)
   searcher = Searcher(
-      0, rows=StaticRows(sampler), ref_params=reference, mailbox=weight_sync.Mailbox(0, policy),
+      0, rows=StaticRows(sampler), ref_params=ref_params, mailbox=weight_sync.Mailbox(0, policy),
       stream=PromptStream(ids, seed=0), prompt_tokens=prompt_tokens,
       problems={i: Problem(i, {"query": ""}) for i in ids}, decode=lambda c: "",
       reward=RandomReward("random", no_eos_reward=-1.0, pad_id=1).build(mesh),
@@ -65,13 +67,14 @@ def measure(cfg, rm_cfg, *, prompts: int, samples: int, prompt_len: int, new_tok
   batch = RewardBatch(problems=[Problem(0, {"query": ""})] * len(rows), prompts=rows,
                       completions=completions, ended_with_eos=np.zeros(len(rows), bool),
                       texts=[""] * len(rows))
-  # The reference's log-probs as Searcher.score computes them.
-  reference_logprobs = lambda: searcher._teacher_forced(
-      searcher.ref_model_config, searcher.ref_params, rows, completions)
+  # The reference's log-probs as Searcher.score computes them: the completions all run
+  # `new_tokens` (no EOS), each prompt once for its `samples` rows.
+  reference = reference_logprobs(cfg, ref_params, rows, completions,
+                                 batch_lib.Layout(max_prompt_len, new_tokens, 1), 0.7, samples)
   best = lambda fn: best_of(fn, repeats, warmup=1)[0]
   return {"step": best(searcher.search_once),
           "sampling": best(lambda: sampler(policy, rows, jax.random.key(1))),
-          "reference": best(reference_logprobs), "reward": best(lambda: searcher.reward(batch))}
+          "reference": best(reference), "reward": best(lambda: searcher.reward(batch))}
 
 
 def main():

@@ -1,9 +1,9 @@
 """Trainer throughput: the tba_jax TB update vs PyTorch/transformers, SmolLM2-135M.
 
-  python benchmarks/train_step.py               # 8 sequences x 256 tokens, float32 + bfloat16
-  python benchmarks/train_step.py --layers 4 --seq_len 64 --steps 2   # a quick look
-  python benchmarks/train_step.py --peak_tflops 989   # also print MFU (H100/H200 bf16 dense)
-  python benchmarks/train_step.py --batch 32 --seq_len 56 --prompt_len 24 --samples_per_prompt 8 \
+  python -m benchmarks.train_step                # 8 sequences x 256 tokens, float32 + bfloat16
+  python -m benchmarks.train_step --layers 4 --seq_len 64 --steps 2   # a quick look
+  python -m benchmarks.train_step --peak_tflops 989   # also print MFU (H100/H200 bf16 dense)
+  python -m benchmarks.train_step --batch 32 --seq_len 56 --prompt_len 24 --samples_per_prompt 8 \
       --rows float32 --shared_prompts --keep_freed_memory
       # the cpu recipe's update as its runs take it: each group's prompt once, and malloc
       # keeping freed memory (tba_jax/host_memory.py; applied to both engines)
@@ -36,8 +36,7 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)  # run as a script from a checkout, installed or not
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the children's cwd
 
 ROWS = {  # name -> (tba_jax params dtype, tba_jax compute dtype, torch mode)
     "float32": ("float32", "float32", "float32"),
@@ -177,8 +176,8 @@ def _child(args):
 
 
 def _spawn(engine, row, argv):
-  cmd = [sys.executable, os.path.abspath(__file__), *argv, "--child", engine, "--row", row]
-  out = subprocess.run(cmd, capture_output=True, text=True)
+  cmd = [sys.executable, "-m", "benchmarks.train_step", *argv, "--child", engine, "--row", row]
+  out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
   lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
   if out.returncode or not lines:
     sys.stderr.write(out.stderr[-3000:])

@@ -1,7 +1,7 @@
 r"""Time to publish weights trainer -> searchers (jax.device_put between two meshes).
 
-  python benchmarks/weight_sync.py               # 8 fake CPU devices: 4 trainer, 1 searcher
-  python benchmarks/weight_sync.py --devices=0   # the real devices (one device: a copy in place)
+  python -m benchmarks.weight_sync               # 8 fake CPU devices: 4 trainer, 1 searcher
+  python -m benchmarks.weight_sync --devices=0   # the real devices (one device: a copy in place)
 
 For 135M-shaped (SmolLM2) and 1B-shaped (RhoMath / TinyLlama) random params,
 float32 and bfloat16 (a publish casts on the trainer first when asked): the

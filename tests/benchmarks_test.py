@@ -1,24 +1,32 @@
-"""benchmarks/: every module imports (as `python -m benchmarks.X` would, without running its
-main), every project name it imports or reads off a project module exists (also those
-imported inside functions, which an import alone does not reach), and the TL;DR searcher
-benchmark runs end to end at tiny shapes."""
+"""benchmarks/: a package whose every module imports (as `python -m benchmarks.X` would,
+without running its main), every project name it imports or reads off a project module
+exists (also those imported inside functions, which an import alone does not reach) and is
+public, no module edits sys.path or documents itself as `python benchmarks/X.py`, and the
+TL;DR searcher benchmark runs end to end at tiny shapes."""
 import ast
 import dataclasses
 import importlib
 import os
+import re
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULES = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "benchmarks")) if f.endswith(".py"))
+MODULES = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "benchmarks"))
+                 if f.endswith(".py") and f != "__init__.py")
 PROJECT = ("tba_jax", "benchmarks", "experiments", "configs")
+LIBRARY = ("tba_jax", "experiments", "configs")  # benchmarks/ may share its own helpers
+
+
+def _source(module: str) -> str:
+  with open(os.path.join(ROOT, "benchmarks", module + ".py")) as f:
+    return f.read()
 
 
 def _project_names(module: str) -> list[tuple[object, str]]:
   """(project module, name) for every `from X import name` of a project module X anywhere in
   benchmarks/<module>.py, and every `alias.name` read off such a module bound to `alias`."""
-  with open(os.path.join(ROOT, "benchmarks", module + ".py")) as f:
-    tree = ast.parse(f.read())
+  tree = ast.parse(_source(module))
   aliases, out = {}, []
   for node in ast.walk(tree):
     if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PROJECT:
@@ -52,6 +60,51 @@ def test_every_benchmark_imports_and_the_project_names_it_uses_exist(module):
       except ImportError:
         missing.append(f"{source.__name__}.{name}")
   assert not missing, f"benchmarks/{module}.py uses names that do not exist: {missing}"
+
+
+def _top_level_work(tree: ast.Module) -> list[str]:
+  """Top-level statements that do something when the module is imported: anything but the
+  docstring, imports, definitions, assignments, a call filling in a table the module
+  assigned, and the `__main__` guard."""
+  tables = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+            if isinstance(t, ast.Name)}
+  work = []
+  for i, node in enumerate(tree.body):
+    call = node.value if isinstance(node, ast.Expr) else None
+    if (isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef,
+                          ast.Assign, ast.AnnAssign)) or
+        (i == 0 and isinstance(call, ast.Constant)) or
+        (isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'") or
+        (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and
+         isinstance(call.func.value, ast.Name) and call.func.value.id in tables)):
+      continue
+    work.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0][:70]}")
+  return work
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_benchmark_runs_as_a_module_on_public_names_and_imports_without_work(module):
+  text, tree = _source(module), ast.parse(_source(module))
+  private = sorted({f"{source.__name__}.{name}" for source, name in _project_names(module)
+                    if source.__name__.split(".")[0] in LIBRARY and name.startswith("_")
+                    and not name.startswith("__")})
+  assert not private, f"benchmarks/{module}.py reaches private names of the library: {private}"
+  assert "sys.path" not in text, f"benchmarks/{module}.py edits sys.path"
+  assert not re.search(r"python3? benchmarks/", text), \
+      f"benchmarks/{module}.py documents `python benchmarks/{module}.py`, not `python -m`"
+  assert not _top_level_work(tree), f"benchmarks/{module}.py works on import: " \
+      f"{_top_level_work(tree)}"
+  if any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body):
+    assert ast.unparse(tree.body[-1]) == "if __name__ == '__main__':\n    main()", module
+
+
+def test_the_device_scripts_run_the_benchmarks_as_modules():
+  for script in ("gpu.sh", "tpu.sh"):
+    with open(os.path.join(ROOT, "benchmarks", script)) as f:
+      text = f.read()
+    assert not re.search(r"python3? benchmarks/", text), script
+    for name in re.findall(r"python3? -m benchmarks\.(\w+)", text):
+      assert name in MODULES, f"{script} runs benchmarks.{name}, which does not exist"
 
 
 def test_the_tldr_searcher_benchmark_times_each_part_at_tiny_shapes(tiny_cfg):
