@@ -7,16 +7,16 @@ the GSM8K paper run (configs/gsm8k.py lists them against the authors' sources);
 a config file is a dict of recipes, each a function that edits the base. A key with a
 check is written `name=key(default, check)`, the check beside its default
 (tba_jax/config_checks.py: ">= 1", "> 0", "[0, 1]", "(0, 1]", a collection of the
-allowed values, or a function naming what is wrong); `validate` runs them all.
+allowed values (tba_jax/choices.py), or a function naming what is wrong); `validate` runs them
+all. This file imports those two modules and no more of tba_jax: a config is data, read
+without JAX.
 """
 import types
 
 import ml_collections
 
-from tba_jax import config_builders, config_checks, replay_buffer, verifiers
+from tba_jax import choices, config_checks
 from tba_jax.config_checks import key
-from tba_jax.model_config import ATTENTION_IMPLS
-from tba_jax.tasks import arithmetic
 
 
 def base() -> ml_collections.ConfigDict:
@@ -42,7 +42,7 @@ def base() -> ml_collections.ConfigDict:
       remat=False,        # activation checkpointing in the training forward
       # attention kernels (tba_jax/attention.py): "auto" (xla on CPU, cudnn on GPU, pallas on
       # TPU), "xla", "cudnn" or "pallas"
-      attention_impl=key("auto", ATTENTION_IMPLS),
+      attention_impl=key("auto", choices.ATTENTION_IMPLS),
       dropout=key(0.0, "[0, 1)"),  # > 0: GPT-2's embedding, attention and residual dropout at this
                                    # rate in the trainer's forward (searchers sample without it)
       lora=dict(          # low-rank adapters (tba_jax/lora.py); the base stays frozen
@@ -56,7 +56,7 @@ def base() -> ml_collections.ConfigDict:
   c.task = dict(
       # "gsm8k", "math" (MATH 12k / 500, configs/math.py) or "arithmetic" (offline, generated from a
       # seed)
-      name=key("gsm8k", config_builders.TASKS),
+      name=key("gsm8k", choices.TASKS),
       data_path="",       # "" = the hub (openai/gsm8k, or MATH's); or a directory with
                           # train/test.jsonl
       test_on_train=False,  # True: a data_path that is one file serves as both splits (the
@@ -72,7 +72,7 @@ def base() -> ml_collections.ConfigDict:
       thinking=key("auto", ("auto", "on", "off")),
       # answer check (tba_jax/verifiers.py): "paper_regex" (the paper's last-number rule) or
       # "math_verify" (HF's math-verify)
-      verifier=key("paper_regex", verifiers.VERIFIERS),
+      verifier=key("paper_regex", choices.VERIFIERS),
       num_train_problems=key(0, ">= 0"),  # 0 = all
       # GSM8K / MATH / TL;DR / tools: this share of the train file's problems (at least one)
       # is held out as the validation split, drawn with a fixed seed (tasks.hold_out)
@@ -84,7 +84,7 @@ def base() -> ml_collections.ConfigDict:
       # (fractions of them all) and train (the rest)
       arithmetic=dict(
           # "one_op" (What is 7 * 8?), "two_op" (What is 3 + 4 * 2?), "word" (word problems)
-          form=key("one_op", arithmetic.FORMS),
+          form=key("one_op", choices.ARITHMETIC_FORMS),
           ops="+*", low=2, high=9,
           test_fraction=key(0.25, "(0, 1)"), validation_fraction=key(0.25, "[0, 1)"),
           num_problems=key(0, ">= 0"),  # > 0: this many of them, drawn with the seed (0 = all)
@@ -130,7 +130,7 @@ def base() -> ml_collections.ConfigDict:
   c.loss = dict(
       # "tb" (VarGrad trajectory balance), "rloo", "grpo", "ratio" (TBA-prime's per-token ratio
       # loss)
-      name=key("tb", config_builders.LOSSES),
+      name=key("tb", choices.LOSSES),
       beta_start=key(0.014, ">= 0"),  # beta anneals linearly from beta_start to beta_end ...
       beta_end=key(0.004, ">= 0"),
       # ... over this many steps (the authors' (u-1)/D convention)
@@ -164,7 +164,7 @@ def base() -> ml_collections.ConfigDict:
   c.optim = dict(
       learning_rate=key(1e-5, ">= 0"),
       # "wsd" (warmup-stable-decay), "linear", "cosine", "constant"
-      schedule=key("wsd", config_builders.SCHEDULES),
+      schedule=key("wsd", choices.SCHEDULES),
       warmup_steps=key(50, ">= 0"),  # phase lengths, as the authors' transformers WSD schedule:
       stable_steps=key(350, ">= 0"),  # 50 warmup, 350 constant, then cosine over 600 steps (cut
       decay_steps=key(600, ">= 0"),  # off at step 700, as in the paper's run)
@@ -187,7 +187,7 @@ def base() -> ml_collections.ConfigDict:
       # log pi_old(y)| per sequence, metrics update_drift; one more forward per update) near
       # drift_target. Meant with schedule="constant": the lr then falls when, and as far as,
       # the policy becomes easy to move, whatever the task's length.
-      lr_control=key("none", config_builders.LR_CONTROLS),
+      lr_control=key("none", choices.LR_CONTROLS),
       drift_target=key(0.5, "> 0"),  # nats per sequence per update
       drift_gain=key(0.5, "(0, 1]"),  # each update: scale *= (target / measured) ** gain
       lr_min=key(1e-7, "> 0"),  # the floor of the controlled lr (<= learning_rate)
@@ -204,13 +204,13 @@ def base() -> ml_collections.ConfigDict:
                                  # kept apart; with max_per_prompt = K = S nothing is reused)
       max_entries=key(0, ">= 0"),  # 0 = no global cap
       # global cap policy: "oldest" or "lowest_reward"
-      eviction=key("oldest", replay_buffer.EVICTION_POLICIES),
+      eviction=key("oldest", choices.EVICTION_POLICIES),
       # off-latest slots: weight of softmax(priority/tau) vs uniform
       reward_weight=key(0.0, "[0, 1]"),
       reward_tau=key(1.0, "> 0"),
       # what that softmax ranks: "reward", or "log_target" = log pi_ref + reward / loss.beta_end
       # (the TB target's log-density)
-      priority=key("reward", replay_buffer.PRIORITIES),
+      priority=key("reward", choices.PRIORITIES),
       # > 0: of two completions of a prompt within this edit-distance tolerance x (their lengths),
       # keep the higher priority
       near_duplicate=key(0.0, ">= 0"),

@@ -30,8 +30,8 @@ trajectory, replies included.
 Static and streaming searchers (sampler.num_slots > 0: a turns.TurnPool) both run turns.
 """
 from configs import common, gsm8k
+from tba_jax.choices import TOOL_SCORES
 from tba_jax.config_checks import declare, key
-from tba_jax.tasks.environment import SCORES
 
 VARIANTS = ("tiny", "cpu", "qwen_gsm8k")
 
@@ -43,7 +43,7 @@ def _tools(c, **kw):
       # what the task's reward reads (tasks/environment.SCORES): "last_turn" = the model's own
       # final turn (a tool's printed result is not an answer), "transcript" = every turn and
       # every reply (a task whose reward reads the exchange)
-      score=key("last_turn", SCORES)), "task.tools.")
+      score=key("last_turn", TOOL_SCORES)), "task.tools.")
   c.task.tools.update(kw)
   c.task.update(digits=3, num_train=2000, num_test=64)  # tool_multiplication's problems
 

@@ -8,6 +8,11 @@ default in the config file (`name=key(default, check)`, configs/common.py; `decl
 collects them); the checks that relate several keys are here. `apply_overrides` is
 the parser behind `configs/gsm8k.py:VARIANT,key=value,...`; the command line's
 `--config.key=value` errors are explained with the same words (experiments/launch.py).
+
+A config file imports this module and tba_jax/choices.py (the allowed names) and
+nothing of the runtime: neither imports JAX, so a config is loaded and validated
+anywhere (tests/imports_test.py holds them to it). What needs the runtime to check (a
+model path, a task's data) is checked by the builders, at launch.
 """
 from __future__ import annotations
 
@@ -17,8 +22,8 @@ import importlib.util
 import re
 from typing import Any, Callable, Collection, Iterable
 
+from tba_jax.choices import LORA_TARGETS, REDTEAM_JUDGES, REDTEAM_PROMPT_STYLES
 from tba_jax.errors import ConfigError  # noqa: F401 (public here too: config_checks.ConfigError)
-from tba_jax.model_config import LORA_TARGETS
 
 # A check: ">= N", "> N", "<= N", "< N"; an interval "[lo, hi]" (or with "(" / ")": open);
 # a collection of the allowed values (a dict: its keys, read when validating, so a task
@@ -226,16 +231,15 @@ def _behaviour_logprob_problems(get) -> Iterable[str]:
 
 
 def _redteam_problems(config) -> Iterable[str]:
-  from tba_jax.tasks import redteam
   try:
     r = lookup(config, "task.redteam")
   except (KeyError, AttributeError):
     yield "task.redteam: missing (the red-teaming task's section; configs/redteam.py)"
     return
-  if r.victim_prompt not in redteam.PROMPT_STYLES:
-    yield f"task.redteam.victim_prompt={r.victim_prompt!r}: must be one of {redteam.PROMPT_STYLES}"
-  if r.judge not in redteam.JUDGES:
-    yield f"task.redteam.judge={r.judge!r}: must be one of {redteam.JUDGES}"
+  if r.victim_prompt not in REDTEAM_PROMPT_STYLES:
+    yield f"task.redteam.victim_prompt={r.victim_prompt!r}: must be one of {REDTEAM_PROMPT_STYLES}"
+  if r.judge not in REDTEAM_JUDGES:
+    yield f"task.redteam.judge={r.judge!r}: must be one of {REDTEAM_JUDGES}"
   if r.num_replies < 1:
     yield f"task.redteam.num_replies={r.num_replies!r}: must be >= 1"
   if r.judge == "profanity_check" and importlib.util.find_spec("profanity_check") is None:

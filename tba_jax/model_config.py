@@ -14,13 +14,14 @@ import dataclasses
 
 import jax.numpy as jnp
 
+# LORA_TARGETS: the projections LoRA can adapt, by our parameter names (q/k/v/o, MLP
+# gate/up/down); ATTENTION_IMPLS: attention.py's backends. Declared with the config's choices.
+from tba_jax.choices import ATTENTION_IMPLS, LORA_TARGETS
+
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 # "rms": RMSNorm scaled by w (Llama); "rms_plus_one": by (1 + w), in float32 (Gemma);
 # "layer": LayerNorm (GPT-NeoX, GPT-2).
 NORMS = ("rms", "rms_plus_one", "layer")
-# Projections LoRA can adapt, by our parameter names: attention q/k/v/o, MLP gate/up/down.
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "pallas")  # attention.py's backends
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,11 +67,10 @@ import numpy as np
 
 from tba_jax import batch as batch_lib
 from tba_jax.batch import TrainBatch
+from tba_jax.choices import EVICTION_POLICIES, PRIORITIES
 from tba_jax.entries import (PER_TOKEN_FIELDS, SCALAR_FIELDS, Entry, check_fits, frozen,
                              normalized)
 
-EVICTION_POLICIES = ("oldest", "lowest_reward")
-PRIORITIES = ("reward", "log_target")
 # The variable-length arrays of state_dict, in the order of its `sizes` array.
 _STATE_ARRAYS = (("seq", "length") + tuple(n for n, _ in SCALAR_FIELDS + PER_TOKEN_FIELDS) +
                  ("prompt_table_ids", "prompt_table_lens", "prompt_table_tokens", "pending",

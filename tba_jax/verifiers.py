@@ -47,7 +47,8 @@ from typing import Sequence
 
 import numpy as np
 
-VERIFIERS = ("paper_regex", "math_verify")
+from tba_jax.choices import VERIFIERS
+
 _THINK_END = "</think>"
 
 

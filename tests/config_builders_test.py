@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from configs import gsm8k as gsm8k_config
-from tba_jax import config_builders, loop, sharding
+from tba_jax import config_builders, loop, model_builders, sharding
 from tba_jax.config_checks import ConfigError
 from conftest import TEST_CACHE
 
@@ -43,7 +43,7 @@ def test_a_model_path_that_is_not_a_model_is_named(tmp_path, make, message):
 def test_a_sentencepiece_only_tokenizer_asks_for_sentencepiece(tmp_path, monkeypatch):
   (tmp_path / "config.json").write_text("{}")
   (tmp_path / "tokenizer.model").write_bytes(b"\0")
-  monkeypatch.setattr(config_builders.importlib.util, "find_spec", lambda name: None)
+  monkeypatch.setattr(model_builders.importlib.util, "find_spec", lambda name: None)
   with pytest.raises(ConfigError, match="pip install sentencepiece protobuf"):
     config_builders.check_model_path(_model_config(str(tmp_path)).model)
   # A tokenizer from elsewhere makes the model directory's tokenizer files irrelevant.

@@ -27,6 +27,7 @@ import operator
 
 import numpy as np
 
+from tba_jax.choices import ARITHMETIC_FORMS
 from tba_jax.tasks import Problem
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
@@ -87,6 +88,7 @@ def _word(ops, numbers, rng):
 
 # task.arithmetic.form -> fn(ops, numbers, rng) -> (question, expression, result) per problem.
 FORMS = {"one_op": _one_op, "two_op": _two_op, "word": _word}
+assert tuple(FORMS) == ARITHMETIC_FORMS  # the config's choices
 
 
 def make_problems(ops: str, low: int, high: int, *, seed: int, test_fraction: float,

@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from tba_jax.choices import TOOL_SCORES
 from tba_jax.tasks import Problem
 from tba_jax.tasks.tools import SandboxUnavailable
 
@@ -74,6 +75,7 @@ SCORES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     # Every turn and every reply: a task whose reward reads the whole exchange.
     "transcript": lambda model_mask: np.ones(np.shape(model_mask), np.int32),
 }
+assert tuple(SCORES) == TOOL_SCORES  # the config's choices
 
 
 @dataclasses.dataclass(frozen=True)
