@@ -17,7 +17,7 @@ A random-init model of RhoMath-1B's shape (Llama, 22 layers, dim 2048,
 Medians over --repeats; one line per figure, and a JSON line at the end. --parts picks
 the figures; --profile DIR also traces one sampler call per batch size and prints its
 device kernels per decode step (how many, their summed time beside the step's, the
-largest), which is how BENCHMARKS "One H200 again" found the weight-slice copies.
+largest), which is how the weight-slice copies were found (LAB_LOG.md, "One H200 again").
 """
 import argparse
 import functools

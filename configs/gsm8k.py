@@ -105,7 +105,7 @@ variant has not been measured yet):
     unique entry once and only the shortfall with replacement.
   - Micro-batches: their 7 one-prompt micro-batches accumulate bfloat16
     gradients, ours float32 (one pass over 140 rows, even of 288 tokens, asked an
-    H200 for 158 GiB: BENCHMARKS, "One H200"). Either way
+    H200 for 158 GiB: LAB_LOG.md, "One H200"). Either way
     log Z is estimated per slot: a prompt drawn into two slots is two groups of
     K (theirs: two micro-batches), and optim.num_microbatches must divide
     buffer.num_prompts (a micro-batch holds whole slots), so the update does
@@ -156,7 +156,7 @@ def _cpu(c):
                    length_buckets=4)
   c.loss.update(beta_start=0.05, beta_end=0.05, beta_anneal_steps=1, beta_switch_step=1)
   # lr 1.5e-5, decayed by a cosine to 5e-7 over the first 40 updates and held there; no
-  # clipping (issue 25; BENCHMARKS, "A short decay" and "A lower floor"). The policy's
+  # clipping (issue 25; LAB_LOG.md, "A short decay" and "A lower floor"). The policy's
   # entropy collapses by step ~15 (~0.1 nats a token), and from then on an update at a high
   # lr moves a near-deterministic policy by up to 4 nats and flips near-miss answers, wrong
   # in every sample. At a constant lr every run fell after its first peak and ended wherever
@@ -172,7 +172,7 @@ def _cpu(c):
   # time with it, 0.73-0.77x without).
   c.optim.update(learning_rate=1.5e-5, schedule="cosine", warmup_steps=0, decay_steps=40,
                  final_lr=5e-7, grad_clip_norm=0.0)
-  # K = 8 samples per prompt (TRL's 4 x 8), not 4 (issue 25; BENCHMARKS, "K = 8"): with 4
+  # K = 8 samples per prompt (TRL's 4 x 8), not 4 (issue 25; LAB_LOG.md, "K = 8"): with 4
   # samples a group the VarGrad log Z estimate and each update are noisier and a window
   # trains twice on its 4 latest prompts; at K = 4 a 25-minute run fell from 0.82 to 0.42
   # at step 50; at K = 8 three runs (two seeds) held 0.88-1.00 after first reaching 0.9, and
@@ -182,7 +182,7 @@ def _cpu(c):
   # Paced (sync.paced): the searcher samples a window's prompts and waits for the merge, so
   # on 2 shared cores the trainer is not slowed by samples it never takes (unpaced, the
   # searcher sampled about twice what was trained): a step took ~8.5 s instead of 13-16 on
-  # a 2-core EPYC (BENCHMARKS, "Paced searchers with the decaying lr").
+  # a 2-core EPYC (LAB_LOG.md, "Paced searchers with the decaying lr").
   c.sync.update(every=2, paced=True)
   # The sampler-vs-trainer check every 4th searcher batch, not every one: it is a third
   # forward pass per batch (8.1 s a batch instead of 11.1 here), and in every run of

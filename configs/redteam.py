@@ -20,7 +20,7 @@ Variants:
           configs/data/redteam_seed.jsonl, into DIR/attacker_sft; a rerun reuses it);
           then training, which stops after 600 s (max_train_seconds; or 200 steps); the
           start-up and two evaluations of 64 attacks come on top. Measured 2026-12-02 on
-          the 2-core CPU, other jobs running (BENCHMARKS.md, "Red-teaming on the embedded
+          the 2-core CPU, other jobs running (LAB_LOG.md, "Red-teaming on the embedded
           default"): 19 min 25 s for the whole command (the warm-up
           about 6 min of it), 37 steps, attack success rate 0.109 -> 0.891 (toxicity
           0.205 -> 0.826), 20 distinct successful attacks at the end, diversity
@@ -59,7 +59,8 @@ Variants:
   cpu_sync  cpu as Lee et al.'s synchronous GFlowNet baseline: one searcher and the
           trainer in turn (sync.mode="alternate", k 1): a search batch, then one
           step. The same hardware and budget, and the same warm-up; compare it with cpu
-          (BENCHMARKS.md: measured before the warm-up existed, not since).
+          (LAB_LOG.md, "Red-teaming on the embedded default": measured before the warm-up
+          existed, not since).
           Two cores cannot show TBA's speed-up, which needs separate hardware for
           each role: here the async run's roles share the cores.
 
@@ -249,7 +250,7 @@ def _cpu(c):
   c.max_train_seconds = 600.0
   c.model.update(path="smollm2", dtype="float32", dropout=0.0)  # SmolLM2: no dropout
   # Full fine-tuning; model.lora.rank=32 gives Lee et al.'s LoRA (measured at lr 5e-4:
-  # BENCHMARKS.md).
+  # LAB_LOG.md, "Red-teaming on the embedded default").
   c.model.lora.update(rank=0, alpha=16.0, targets="q,v")
   c.task.redteam.update(victim="smollm2", victim_dtype="float32", victim_prompt="chat",
                         victim_temperature=0.7, victim_top_p=0.92, victim_max_new_tokens=16,

@@ -5,7 +5,7 @@ Its worker threads allocate from glibc's per-thread arenas, which hand a freed h
 back to the kernel, so the next call faults those pages in again: the `cpu` recipe's
 update (4 x 8 rows) took 1.06 million page faults (4 GB) and 3.7 s of kernel time a step
 on a 2-core VM, 8 s a step in all. Turning off trimming and mapped blocks alone left the
-faults; every thread in the main arena as well removed them (BENCHMARKS.md, "Host memory, shared
+faults; every thread in the main arena as well removed them (LAB_LOG.md, "Host memory, shared
 prefills and paced searchers").
 
 The price: the heap stays at its peak for the life of the process, which a run's peak

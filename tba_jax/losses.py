@@ -94,7 +94,7 @@ def token_logprobs_and_entropy(logits: Array, tokens: Array,
   diagnostic of how spread out the tempered policy is where the completions were
   sampled), in one max and one exp pass forward and one exp pass backward, where
   autodiff of the two formulas spends three exp passes and materialises z (SmolLM2-135M
-  on 32 x 56 tokens, 2-core CPU: 12.9 -> 11.8 s an update; BENCHMARKS, "Trainer step").
+  on 32 x 56 tokens, 2-core CPU: 12.9 -> 11.8 s an update; LAB_LOG.md, "Trainer step").
   The entropy is not differentiated (its cotangent is ignored); the log-probs' gradient
   w.r.t. the logits is (onehot(tokens) - softmax(z)) / T.
   """
