@@ -6,6 +6,8 @@ setup(
     description="Fast asynchronous LLM RL post-training with trajectory balance (TBA) in JAX",
     packages=find_packages(include=["tba_jax", "tba_jax.*", "configs", "experiments"]),
     python_requires=">=3.10",
+    # `tba train|eval|export|plot`: every experiment's command line as one command.
+    entry_points={"console_scripts": ["tba = experiments.cli:main"]},
     install_requires=[
         "jax>=0.10",
         "flax>=0.12",
@@ -15,6 +17,7 @@ setup(
         "tokenizers>=0.21",
         "numpy>=1.26",
         "ml-collections>=1.0",
+        "pyyaml",  # a run's WORKDIR/config.yaml (tba_jax/run_config.py); ml-collections needs it too
         "absl-py",
         "safetensors>=0.5",
         "gguf>=0.17",
