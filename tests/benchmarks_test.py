@@ -2,7 +2,8 @@
 without running its main), every project name it imports or reads off a project module
 exists (also those imported inside functions, which an import alone does not reach) and is
 public, no module edits sys.path or documents itself as `python benchmarks/X.py`, and the
-TL;DR searcher benchmark runs end to end at tiny shapes."""
+TL;DR searcher benchmark runs end to end at tiny shapes; BENCHMARKS.md stays a short reference
+whose figures come from the lab log, and every section quoted from either exists."""
 import ast
 import dataclasses
 import importlib
@@ -149,3 +150,48 @@ def test_trl_grpo_reads_the_test_split_only_as_the_suites_recorded_read(tmp_path
                    "--out", str(tmp_path / "out"), *extra])
   assert "python -m benchmarks.suite --split test" in str(e.value.code)
   assert not os.listdir(tmp_path)  # refused before anything ran or was written
+
+
+# ----- BENCHMARKS.md (the reference) and benchmarks/results/LAB_LOG.md (the lab log) -----
+REFERENCE, LAB_LOG = "BENCHMARKS.md", os.path.join("benchmarks", "results", "LAB_LOG.md")
+
+
+def _read(path: str) -> str:
+  with open(os.path.join(ROOT, path)) as f:
+    return f.read()
+
+
+def _headings(path: str) -> list[str]:
+  return [h.strip() for h in re.findall(r"^#+ (.*)$", _read(path), re.M)]
+
+
+def test_the_reference_is_short_and_every_figure_in_it_is_in_the_lab_log_or_the_results():
+  """A figure enters the reference from a lab-log entry (or a results file), verbatim: the
+  reference never computes, rounds or invents one."""
+  reference = _read(REFERENCE)
+  assert len(reference.splitlines()) <= 400
+  results = os.path.join(ROOT, "benchmarks", "results")
+  sources = _read(LAB_LOG) + "".join(
+      _read(os.path.join(results, f)) for f in sorted(os.listdir(results))
+      if f.endswith((".json", ".jsonl")))
+  figures = set(re.findall(r"\d+(?:[.,]\d+)+", reference))
+  assert figures and not sorted(f for f in figures if f not in sources)
+
+
+def test_every_quoted_section_of_the_reference_or_the_lab_log_exists():
+  """`BENCHMARKS.md, "Section"` and `LAB_LOG.md, "Section"` in code and docs: the quoted text
+  begins a heading of that file (a section that moved to the lab log is named there)."""
+  files = {"BENCHMARKS": _headings(REFERENCE), "LAB_LOG": _headings(LAB_LOG)}
+  pattern = re.compile(r"\b(BENCHMARKS|LAB_LOG)(?:\.md)?,? \"([^\"]{1,160})\"", re.S)
+  stale = []
+  for folder, dirs, names in os.walk(ROOT):
+    dirs[:] = [d for d in dirs if not d.startswith((".", "__"))]
+    for name in names:
+      path = os.path.relpath(os.path.join(folder, name), ROOT)
+      if not name.endswith((".py", ".md", ".sh")) or path in (LAB_LOG, "tests/benchmarks_test.py"):
+        continue
+      for file, quoted in pattern.findall(_read(path)):
+        section = " ".join(quoted.replace("#", " ").split())
+        if not any(h.startswith(section) for h in files[file]):
+          stale.append(f"{path}: {file}, \"{section}\"")
+  assert not stale, stale

@@ -13,6 +13,8 @@ from conftest import ROOT, tiny_command
 from tba_jax.metrics import read_jsonl
 
 DOCS = sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
+# The documents whose commands are run or checked: README, the benchmarks' reference, docs/.
+DOCUMENTS = ["README.md", "BENCHMARKS.md"] + [os.path.relpath(d, ROOT) for d in DOCS]
 TINY_WORKDIRS = {"gsm8k": "/tmp/tba_tiny", "tldr": "/tmp/tldr_tiny", "redteam": "/tmp/rt_tiny"}
 
 
@@ -60,7 +62,8 @@ def _anchor(heading: str) -> str:
   return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-@pytest.mark.parametrize("doc", ["README.md"] + [os.path.relpath(d, ROOT) for d in DOCS])
+@pytest.mark.parametrize("doc", DOCUMENTS + ["benchmarks/results/LAB_LOG.md",
+                                 "benchmarks/results/README.md"])
 def test_every_relative_link_and_anchor_resolves(doc):
   text = re.sub(r"```.*?```", "", _doc(doc), flags=re.S)  # headings, not code comments
   for target in re.findall(r"\]\(([^)\s]+)\)", text):
@@ -89,7 +92,7 @@ def _commands(doc: str, program: str) -> list[str]:
   return [c.split("#")[0].strip() for c in found if c.startswith(program)]
 
 
-@pytest.mark.parametrize("doc", ["README.md"] + [os.path.relpath(d, ROOT) for d in DOCS])
+@pytest.mark.parametrize("doc", DOCUMENTS)
 def test_every_documented_experiment_command_names_a_config_its_experiment_runs(doc,
                                                                                 monkeypatch):
   from experiments import launch
@@ -118,7 +121,7 @@ def test_every_documented_experiment_command_names_a_config_its_experiment_runs(
     assert config.task.name in launch.EXPERIMENTS[experiment], command
 
 
-@pytest.mark.parametrize("doc", ["README.md"] + [os.path.relpath(d, ROOT) for d in DOCS])
+@pytest.mark.parametrize("doc", DOCUMENTS)
 def test_every_documented_benchmark_exists_and_runs_as_a_module(doc):
   assert not _commands(doc, "python benchmarks/"), f"{doc}: run them as python -m benchmarks.X"
   for command in _commands(doc, "python -m benchmarks."):
