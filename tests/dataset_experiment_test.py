@@ -93,7 +93,8 @@ def test_a_reward_function_of_either_signature_scores_every_completion(tmp_path,
       ["python", "-m", "experiments.dataset", "--config", "configs/dataset.py:tiny",
        f"--config.task.path={SHIPPED}", f"--config.task.reward={tmp_path / 'mine.py'}:{name}"],
       workdir))
-  assert all(r["reward_mean"] > 0 for r in steps)  # every ground truth is at least 6
+  if name == "reward_func":  # every ground truth is at least 6
+    assert all(r["reward_mean"] >= 6 for r in steps)
   rows = _samples(workdir)
   for row in rows:
     length = len(row["completion"]) / 10
