@@ -21,11 +21,14 @@ qwen_gsm8k  GSM8K with the sandboxed Python tool (tasks/tools.run_python) on
            python -m experiments.tools --config configs/tools.py:qwen_gsm8k --workdir DIR
          Not measured (no accelerator was lent to this work).
 
-task.tools: the environment (tasks/environment.py): `tool` (calculator | python),
+task.tools: the environment (tasks/environment.py): `call_format` (tag | hermes | auto: our
+`<tool>` tag, or the chat template's own tool calls and tool turn, tasks/tool_calls.py;
+qwen_gsm8k's Qwen template gets hermes), `tool` (calculator | python),
 `max_turns`, `max_turn_tokens`, `max_reply_tokens`, `timeout_s` (the Python tool's limit),
-`num_workers` (threads running tools beside the decode loop), `stop` (comma-separated stop
-strings), `bare_calls`, `score` (what the reward reads: "last_turn", the model's own final
-turn, or "transcript", every turn and reply). sampler.max_new_tokens bounds the whole
+`num_workers` (threads running tools beside the decode loop), `stop` (the tag format's
+comma-separated stop strings; hermes stops at "</tool_call>"), `bare_calls` (tag only),
+`score` (what the reward reads: "last_turn", the model's own final turn, or "transcript",
+every turn and reply). sampler.max_new_tokens bounds the whole
 trajectory, replies included.
 Static and streaming searchers (sampler.num_slots > 0: a turns.TurnPool) both run turns.
 """
@@ -38,6 +41,10 @@ VARIANTS = ("tiny", "cpu", "qwen_gsm8k")
 
 def _tools(c, **kw):
   c.task.tools = declare(dict(
+      # how the model calls its tool (tasks/tool_calls.py): "tag" (<tool>...</tool>, ours),
+      # "hermes" (the chat template's <tool_call> JSON and tool turn; needs prompt_style
+      # "chat"), "auto" (hermes where the prompt is the template's and it writes <tool_call>)
+      call_format=key("auto", ("auto", "tag", "hermes")),
       tool="calculator", max_turns=2, max_turn_tokens=48, max_reply_tokens=16, timeout_s=5.0,
       num_workers=8, stop="</tool>", bare_calls=False,
       # what the task's reward reads (tasks/environment.SCORES): "last_turn" = the model's own

@@ -84,13 +84,15 @@ class Tokenizer:
     return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
   def chat_prompt(self, user_text: str, system: str | None = None,
-                  thinking: bool | None = None) -> str:
+                  thinking: bool | None = None, tools: Sequence[dict] | None = None) -> str:
     """The chat template applied to one user turn, ending where the reply starts.
 
     With `system=None` the template may insert its own default system prompt.
     `thinking`: the template's reasoning switch (Qwen3's `enable_thinking`: False
     opens the reply with an empty <think></think> block); None leaves the template's
-    default. A template without the switch refuses True / False.
+    default. A template without the switch refuses True / False. `tools`: JSON schemas of
+    the tools the model may call, rendered where the template declares tools (its `tools=`;
+    tasks/tool_calls.py); a template that reads no tools refuses them.
     """
     messages = [{"role": "user", "content": user_text}]
     if system is not None:
@@ -101,6 +103,11 @@ class Tokenizer:
         raise ValueError(f"thinking={thinking}: this tokenizer's chat template has no thinking "
                          "switch (enable_thinking); leave it at the template's default")
       switch = {"enable_thinking": thinking}
+    if tools:
+      if "tools" not in (self.hf.chat_template or ""):
+        raise ValueError("tools were given, but this tokenizer's chat template declares none "
+                         "(it never reads `tools`): use the tag call format")
+      switch["tools"] = list(tools)
     return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                        **switch)
 

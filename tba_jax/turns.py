@@ -15,7 +15,8 @@ token limit; the chunk then ends so that the host can hand the turn to the envir
 Replies run in a thread pool while the other rows keep decoding (a slow tool stalls only
 its own row); a reply function that raises is answered by environment.failure_reply
 (environment.FATAL ends the rollout). A reply is tokenized once, as plain text
-(Tokenizer.encode_text: a printed "<|im_end|>" is no special token), and those ids are what
+(Tokenizer.encode_text: a printed "<|im_end|>" is no special token), or comes as ids
+(Reply.ids: a chat template's tool turn, tasks/tool_calls.py), and those ids are what
 the model sees: they are appended to the row's cache by a forward of the new tokens alone
 (the row's last sampled token and the reply; nothing before it is recomputed) and written
 into the row's columns, whose model mask is 0 there. The trajectory's tokens are therefore
@@ -471,7 +472,10 @@ class TurnPool:
       if reply_out is None:
         row.finished = True
         continue
-      ids = self.encode(reply_out.text)[:env.max_reply_tokens]
+      # A chat template's tool turn comes tokenized (its markup's special tokens parsed);
+      # any other reply is plain text (module doc).
+      ids = list(reply_out.ids) if reply_out.ids is not None else self.encode(reply_out.text)
+      ids = ids[:env.max_reply_tokens]
       if not ids or row.cut + len(ids) + 1 > m:  # no room for the reply and one more token
         row.finished = True
         row.replies_dropped += 1

@@ -21,6 +21,10 @@ A trajectory of a task with an environment:
 The replies' tokens are conditioning: the entry's model_mask is 0 there, so no log pi, log
 pi_ref or baseline counts them (tba_jax/turns.py samples the turns).
 
+Tool calls come in two formats (tasks/tool_calls.py): our tag, `tool_reply` below, for
+models without a chat template that declares tools, and the format the template declares
+(Hermes / Qwen JSON), answered with the template's own tool turn.
+
 A reply function that raises is the model's doing (its code broke the tool): the row gets an
 error reply (`failure_reply`) and the run counts it; SandboxUnavailable, the machine's
 doing, is raised instead (FATAL), and a tool that needs the sandbox probes it when its
@@ -50,6 +54,10 @@ class Reply:
   tool_calls: int = 1   # tool calls this reply answers (0: a plain message)
   error: bool = False   # the tool failed (an error string went back to the model)
   failed: bool = False  # the reply function raised; this is failure_reply's text
+  # The reply's tokens where the environment tokenized it itself (a chat template's tool
+  # turn, whose markup holds the template's special tokens: tasks/tool_calls.py); None: the
+  # model reads `text` as plain text (Tokenizer.encode_text).
+  ids: tuple[int, ...] | None = None
 
 
 # (the row's problem, or None where the caller has none; the model's turn text, the stop

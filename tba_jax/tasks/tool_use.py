@@ -7,16 +7,17 @@
 The embedded CPU default cannot multiply two 3-digit numbers in its head (configs/tools.py);
 with the calculator it only has to write the call `<tool>123 * 456</tool>` and copy the
 result. GSM8K with the Python tool (`<tool>python: print(...)</tool>`) is the accelerator
-recipe's task.
+recipe's task. Models whose chat template declares tools call them in its own format
+instead (`call_format="hermes"`: tasks/tool_calls.py), with `tools()`' schemas in the prompt
+and HERMES_INSTRUCTIONS after each question.
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from tba_jax.tasks import Problem
+from tba_jax.tasks import Problem, tool_calls
 from tba_jax.tasks.environment import Environment, tool_reply
+from tba_jax.tasks.tool_calls import Tool
 from tba_jax.tasks.tools import calculator, check_sandbox, run_python
 
 # What each tool's prompt suffix tells the model, and the tool a bare call goes to.
@@ -28,6 +29,25 @@ INSTRUCTIONS = {
                "comes back as <result>...</result>. Then give the final answer as a number on "
                "the last line."),
 }
+# The same for a model that calls tools in its chat template's format (the tool's schema in
+# the prompt says how).
+HERMES_INSTRUCTIONS = {
+    "calculator": " Use the calculator tool for the arithmetic, then give the final answer as "
+                  "a number.",
+    "python": " You can run Python with the python tool; then give the final answer as a "
+              "number on the last line.",
+}
+
+
+def tools(timeout_s: float) -> dict[str, Tool]:
+  """The tools by name, with their schemas (`timeout_s`: the Python tool's limit per call)."""
+  return {
+      "calculator": Tool("calculator", "Evaluates an arithmetic expression: numbers, + - * / "
+                         "// % ** and parentheses.", {"expression": "e.g. 12 * 34"}, calculator),
+      "python": Tool("python", "Runs Python code in a sandbox and returns what it prints.",
+                     {"code": "a Python program that prints its result"},
+                     lambda code: run_python(code, timeout_s=timeout_s)),
+  }
 
 
 def multiplication_problems(digits: int, num_train: int, num_test: int, *, seed: int
@@ -56,18 +76,33 @@ def multiplication_problems(digits: int, num_train: int, num_test: int, *, seed:
 
 def environment(tool: str, *, max_turns: int, max_turn_tokens: int, max_reply_tokens: int,
                 timeout_s: float, num_workers: int, score: str,
-                stop: tuple[str, ...] = ("</tool>",), bare_calls: bool = False) -> Environment:
-  """The environment of one tool: `<tool>...</tool>` calls answered `<result>...</result>`
-  (`stop`, `bare_calls`: environment.tool_reply's; the tiny recipe's random model; `score`:
-  what the reward reads, environment.SCORES). The Python tool's sandbox is probed here, so a
-  machine that cannot confine code fails the run at its start (SandboxUnavailable), not at
-  its first call."""
-  tools = {"calculator": calculator,
-           "python": functools.partial(run_python, timeout_s=timeout_s)}
-  if tool not in tools:
-    raise ValueError(f"unknown tool {tool!r}; choose from {sorted(tools)}")
+                stop: tuple[str, ...] = ("</tool>",), bare_calls: bool = False,
+                call_format: str = "tag", tokenizer=None) -> Environment:
+  """The environment of one tool. `call_format` "tag": `<tool>...</tool>` calls answered
+  `<result>...</result>` (`stop`, `bare_calls`: environment.tool_reply's; the tiny recipe's
+  random model); "hermes": the chat template's calls and tool turn (tasks/tool_calls.py,
+  `tokenizer`'s template; its stop is the call's closing tag). `score`: what the reward
+  reads, environment.SCORES. The Python tool's sandbox is probed here, so a machine that
+  cannot confine code fails the run at its start (SandboxUnavailable), not at its first call."""
+  available = tools(timeout_s)
+  if tool not in available:
+    raise ValueError(f"unknown tool {tool!r}; choose from {sorted(available)}")
+  if call_format not in ("tag", "hermes"):
+    raise ValueError(f"call_format={call_format!r}: 'tag' or 'hermes' (tool_calls.call_format "
+                     "resolves 'auto')")
   if tool == "python":
     check_sandbox()  # SandboxUnavailable (with the reason) on a host that cannot confine code
-  return Environment(reply=tool_reply({tool: tools[tool]}, default=tool, bare_calls=bare_calls),
-                     stop=stop, max_turns=max_turns, max_turn_tokens=max_turn_tokens,
-                     max_reply_tokens=max_reply_tokens, num_workers=num_workers, score=score)
+  if call_format == "hermes":
+    if bare_calls:
+      raise ValueError("bare_calls=True is the tag format's (a turn without tags is a call); "
+                       "a hermes call is JSON inside <tool_call>...</tool_call>")
+    if tokenizer is None:
+      raise ValueError("call_format='hermes' needs the tokenizer whose template declares it")
+    reply = tool_calls.hermes_reply([available[tool]], tool_calls.tool_turn(tokenizer, tool),
+                                    tokenizer.encode_text, max_reply_tokens)
+    stop = tool_calls.HERMES_STOP
+  else:
+    reply = tool_reply({tool: available[tool].fn}, default=tool, bare_calls=bare_calls)
+  return Environment(reply=reply, stop=stop, max_turns=max_turns,
+                     max_turn_tokens=max_turn_tokens, max_reply_tokens=max_reply_tokens,
+                     num_workers=num_workers, score=score)
