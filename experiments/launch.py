@@ -2,6 +2,8 @@ r"""The command line every experiment shares: flags, config errors, start-up, th
 
   python -m experiments.EXPERIMENT --config configs/EXPERIMENT.py:VARIANT --workdir DIR
       [--config.section.key=value ...]
+  python -m experiments.EXPERIMENT --config DIR/config.yaml --workdir DIR2   # rerun DIR's
+  tba train EXPERIMENT ...      # the same command (experiments/cli.py)
   # several hosts: the same command on every host, plus
       --coordinator_address=HOST0:1234 --num_processes=N --process_id=I
 
@@ -9,7 +11,9 @@ An experiment module is `launch.main("EXPERIMENT.py:DEFAULT_VARIANT")`; the task
 built from the config's `task` section (config_builders.build_task). An experiment of a
 task the runtime does not know passes its builder, `launch.main("EXPERIMENT.py:VARIANT",
 tasks={name: fn(task section, tokenizer) -> Task})` (README, "Adding a task"). Rerunning with
-the same --workdir resumes from the newest checkpoint there. A job other than
+the same --workdir resumes from the newest checkpoint there. A run writes its resolved config
+to WORKDIR/config.yaml (tba_jax/run_config.py); `--config WORKDIR/config.yaml` reads it back
+with the experiment's own config file declaring the keys. A job other than
 training (experiments/evaluate_tldr.py) passes its own `job(config, workdir)`.
 
 An error the user can fix (tba_jax.errors.UserError: a config value, a data file, a
@@ -37,6 +41,10 @@ EXPERIMENTS = {"gsm8k": ("gsm8k", "arithmetic"), "math": ("math",), "tldr": ("tl
 _DEBUG = os.environ.get("TBA_DEBUG", "") not in ("", "0")
 
 _CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+# `--config W/config.yaml` (a run's resolved config, tba_jax/run_config.py) is read through
+# this config file, with the experiment's own config file: `_saved_configs`.
+_SAVED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "saved_config.py")
+SAVED_SUFFIXES = (".yaml", ".yml")
 # No default here: ml_collections would parse it, with the command line's overrides, while
 # this module is imported, where an error can only be a traceback. `_parse_flags` adds it.
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config.", lock_config=True)
@@ -94,11 +102,28 @@ def _parse_flags(argv: list[str], default_config: str) -> list[str]:
     missing = _missing_config_file(argv)
     if missing:
       raise UserError(missing)
+    argv = _saved_configs(argv, default_config)
     return flags.FLAGS(argv)
   except Exception as e:  # flag and config errors: one line, not a traceback
     if _DEBUG:
       raise
     sys.exit(f"error: {e if isinstance(e, UserError) else _explain(e, argv)}")
+
+
+def _saved_configs(argv: list[str], default_config: str) -> list[str]:
+  """argv with each `--config W/config.yaml` read through experiments/saved_config.py: the
+  experiment's config file declares the keys, the YAML gives every value."""
+  own = os.path.join(_CONFIGS, default_config.partition(":")[0])
+  spec = lambda path: (f"{_SAVED}:{own}:{os.path.abspath(path)}"
+                       if path.endswith(SAVED_SUFFIXES) else path)
+  out = list(argv[:1])
+  for i, a in enumerate(argv[1:], 1):
+    if a.startswith("--config="):
+      a = "--config=" + spec(a.split("=", 1)[1])
+    elif argv[i - 1] == "--config":
+      a = spec(a)
+    out.append(a)
+  return out
 
 
 def _missing_config_file(argv: list[str]) -> str | None:
@@ -108,6 +133,9 @@ def _missing_config_file(argv: list[str]) -> str | None:
   path, _, arg = specs[-1].partition(":") if specs else ("", "", "")
   if not path or os.path.isfile(path):
     return None
+  if path.endswith(SAVED_SUFFIXES):
+    return (f"config file {path!r} does not exist (a run writes its resolved config to "
+            "WORKDIR/config.yaml once its workdir's checkpoints accept it)")
   # (common.py is the base the config files share, not a config)
   ours = sorted(f for f in os.listdir(_CONFIGS)
                 if f.endswith(".py") and f not in ("__init__.py", "common.py"))

@@ -1,6 +1,7 @@
 """The TBA runtime: searchers and a trainer on separate device slices.
 
-  run(config, workdir, task=None)
+  run(config, workdir, task=None)          # also writes WORKDIR/config.yaml (run_config)
+  export_checkpoint(config, workdir, out)  # the newest checkpoint's policy (`tba export`)
 
 Searcher threads sample completions with a lagging copy of the policy and put
 scored, version-stamped entries in their local buffers. The trainer draws
@@ -40,10 +41,11 @@ import tqdm
 
 from tba_jax import config_checks, distributed, faults, hf_checkpoints, interrupts, lora, model
 from tba_jax import batch as batch_lib
-from tba_jax import metrics, run_info, sharding, train_step
+from tba_jax import metrics, run_config, run_info, sharding, train_step
 from tba_jax import config_builders as build
 from tba_jax import verifiers, weight_sync
 from tba_jax.checkpoint import Checkpointer
+from tba_jax.errors import UserError
 from tba_jax.metrics import LatestFractionWatch, MetricsWriter, PeakWatch
 from tba_jax.model import ModelConfig
 from tba_jax.replay_buffer import ReplayBuffer
@@ -52,7 +54,7 @@ from tba_jax.searcher_pool import SearcherError, SearcherPool
 from tba_jax.target_distance import StepTarget
 from tba_jax.tasks import Task
 
-__all__ = ["run", "SearcherError", "FINISHED_FILE"]
+__all__ = ["run", "export_checkpoint", "SearcherError", "FINISHED_FILE"]
 
 
 # Written to the workdir after the final evaluation and export: {"step", eval metrics}.
@@ -140,6 +142,8 @@ def run(config, workdir: str, task: Task | None = None,
   saves = _Checkpoints(Checkpointer(checkpoints, c.checkpoint.max_to_keep), config_dict, pool,
                        global_buffer)
   start_step, elapsed, state, reference = saves.resume(state, reference)
+  if is_main:  # the config the workdir's checkpoints accepted, for `--config W/config.yaml`
+    run_config.write(workdir, config_dict)
 
   # ----- Run state: metrics, evaluation, checkpoints, stop requests ----------------------
   setup = run_info.describe(
@@ -526,6 +530,37 @@ def _write_json(path: str, value: dict) -> None:
   with open(path + ".tmp", "w") as f:
     json.dump(value, f)
   os.replace(path + ".tmp", path)  # whole or absent, never half-written
+
+
+def export_checkpoint(config, workdir: str, out_dir: str) -> int:
+  """The policy of `workdir`'s newest checkpoint written to `out_dir` as a run's end exports
+  it (`tba export`: a run stopped before its end); returns the checkpoint's step. The
+  checkpoint is restored as a resume restores it (its config checked against `config`)."""
+  c = config
+  config_checks.validate(c)
+  checkpoints = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(checkpoints):
+    raise UserError(f"{workdir} holds no checkpoints/ to export (is it a run's workdir?)")
+  trainer_mesh, _, _ = build.meshes(c.mesh, c.sync.mode)
+  tokenizer = build.load_tokenizer(c.model)
+  master32 = c.optim.master_weights_fp32 and c.model.dtype == "bfloat16"
+  model_cfg, params, base = build.load_policy(c.model, tokenizer,
+                                              "float32" if master32 else c.model.dtype,
+                                              trainer_mesh, c.seed)
+  task = build.build_task(c.task, tokenizer)
+  state, _, _, _ = _trainer(c, model_cfg, params, base, task, trainer_mesh)
+  tree = state if not c.loss.ref_reset_every else (
+      state, weight_sync.snapshot(state.params, c.sync.weights_dtype or c.model.dtype))
+  checkpointer = Checkpointer(checkpoints, c.checkpoint.max_to_keep)
+  restored = checkpointer.restore(jax.tree.map(_abstract, tree), c.to_dict())
+  checkpointer.close()
+  if restored is None:
+    raise UserError(f"{checkpoints} holds no checkpoint that restores")
+  state = restored.train_state if not c.loss.ref_reset_every else restored.train_state[0]
+  _export(model_cfg.replace(dtype=c.model.dtype), state.params, tokenizer, out_dir,
+          jax.process_index() == 0, base=base,
+          base_model=None if c.model.path == "random" else build.model_path(c.model.path))
+  return restored.step
 
 
 def _export(cfg: ModelConfig, params, tokenizer, out_dir: str, is_main: bool, base=None,
