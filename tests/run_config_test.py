@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from conftest import ROOT
 from experiments import launch
 from tba_jax import run_config
 from tba_jax.errors import ConfigError
@@ -31,7 +32,7 @@ def _reread(path, default_config):
     ("dataset", "configs/dataset.py:tiny")])
 def test_config_yaml_reads_back_as_the_same_config_with_the_same_types(tmp_path, experiment,
                                                                        spec):
-  config = launch._load_config_file(spec)
+  config = launch._load_config_file(os.path.join(ROOT, spec))
   path = run_config.write(str(tmp_path / "run"), config.to_dict())
   assert path == str(tmp_path / "run" / "config.yaml")
   assert open(path).read().startswith("# The resolved config of the run in this directory")
@@ -55,11 +56,11 @@ def test_the_rewrite_reads_both_spellings_and_leaves_other_flags(tmp_path):
 
 
 def test_a_file_of_another_experiment_is_refused_naming_its_keys(tmp_path):
-  tools = launch._load_config_file("configs/tools.py:tiny")
+  tools = launch._load_config_file(os.path.join(ROOT, "configs/tools.py:tiny"))
   path = run_config.write(str(tmp_path), tools.to_dict())
   with pytest.raises(ConfigError, match=r"unknown \['task.digits', 'task.num_test'"):
     _reread(path, "gsm8k.py:cpu")  # the tools keys are not GSM8K's
-  gsm8k = launch._load_config_file("configs/gsm8k.py:tiny").to_dict()
+  gsm8k = launch._load_config_file(os.path.join(ROOT, "configs/gsm8k.py:tiny")).to_dict()
   del gsm8k["sampler"]["top_k"]
   path = run_config.write(str(tmp_path), gsm8k)
   with pytest.raises(ConfigError, match=r"missing \['sampler.top_k'\]"):
@@ -67,7 +68,7 @@ def test_a_file_of_another_experiment_is_refused_naming_its_keys(tmp_path):
 
 
 def test_a_value_of_the_wrong_type_or_a_file_that_is_no_config_is_refused(tmp_path):
-  c = launch._load_config_file("configs/gsm8k.py:tiny").to_dict()
+  c = launch._load_config_file(os.path.join(ROOT, "configs/gsm8k.py:tiny")).to_dict()
   c["sampler"]["max_new_tokens"] = "many"
   path = run_config.write(str(tmp_path), c)
   with pytest.raises(ConfigError, match="sampler.max_new_tokens='many'"):

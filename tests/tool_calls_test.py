@@ -184,7 +184,8 @@ def test_the_tools_experiment_builds_the_hermes_task_from_the_template(qwen_styl
   assert not task.environment.reply(None, CALL).error
   # The byte tokenizer's plain ChatML template declares no tools: auto is the tag format.
   tag = tools_experiment.TASKS[c.task.name](c.task, tokenizer_lib.byte_tokenizer())
-  assert "<tool>" in tag.prompt(tag.train[0]) and tag.environment.stop == ("</tool>",)
+  assert "<tool>" in tag.prompt(tag.train[0])
+  assert tag.environment.stop == tuple(c.task.tools.stop.split(","))  # the tiny recipe's letters
   # hermes asked of a prompt that is not the template's: refused, naming the key.
   c = tools_config.get_config("tiny,task.tools.call_format=hermes,task.tools.bare_calls=false")
   with pytest.raises(ConfigError, match="prompt_style='chat'"):
