@@ -19,6 +19,8 @@ import os
 
 from absl import flags
 
+from tba_jax.errors import UserError
+
 _POLICY = flags.DEFINE_string("policy", "", "Policy to evaluate ('' = WORKDIR/export).")
 _STEP = flags.DEFINE_integer("step", -1, "Sampling key of the run's evaluation at this step "
                              "(-1 = WORKDIR/finished.json's step, else 0).")
@@ -42,6 +44,9 @@ def evaluate(config, workdir: str) -> dict:
                                     sharding.make_mesh("trainer", devices), c.seed)
   reference = jax.device_put(reference, sharding.param_shardings(cfg, "searcher", mesh))
   policy = _POLICY.value or os.path.join(workdir, "export")
+  if not _POLICY.value and not os.path.isdir(policy):
+    raise UserError(f"{policy} does not exist: a run exports its policy at its end; `tba "
+                    "export` writes the newest checkpoint's there, or name one with --policy")
   _, params = hf_checkpoints.load(policy, dtype, mesh=mesh, role="searcher", model_config=cfg)
   step = _STEP.value
   if step < 0:

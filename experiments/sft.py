@@ -87,7 +87,7 @@ BUILT_IN_ROWS = [{"prompt": "List:\n1.", "completion": " Say hi"},
 def train(c, rows: list[dict], out: str | None) -> list[float]:
   """Fine-tunes the model of config `c` (configs/sft.py) on `rows`; returns the loss of
   every step (writes the model to `out`)."""
-  from tba_jax import config_builders, hf_checkpoints, sharding, train_step
+  from tba_jax import config_builders, hf_checkpoints, run_config, sharding, train_step
   from tba_jax.batch import Layout
   tok = config_builders.load_tokenizer(c.model)
   mesh = sharding.make_mesh("trainer", jax.local_devices())
@@ -128,6 +128,7 @@ def train(c, rows: list[dict], out: str | None) -> list[float]:
     hf_checkpoints.save_hf(cfg, jax.tree.map(lambda x: np.asarray(x).astype(cfg.jnp_dtype),
                                              state.params), out)
     tok.save_pretrained(out)
+    run_config.write(out, c.to_dict())  # `--config OUT/config.yaml` reruns it
     print(f"Wrote the fine-tuned model to {out} (Hugging Face format).")
   return losses
 

@@ -29,7 +29,8 @@ def _reread(path, default_config):
     ("gsm8k", "configs/suite.py:word,tiny"),   # another config file's recipe, same keys
     ("tools", "configs/tools.py:cpu,task.tools.call_format=tag"),
     ("tldr", "configs/tldr.py:tiny"),
-    ("dataset", "configs/dataset.py:tiny")])
+    ("dataset", "configs/dataset.py:tiny"),
+    ("sft", "configs/sft.py:tiny")])     # a job with a base of its own
 def test_config_yaml_reads_back_as_the_same_config_with_the_same_types(tmp_path, experiment,
                                                                        spec):
   config = launch._load_config_file(os.path.join(ROOT, spec))

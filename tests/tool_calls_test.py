@@ -223,3 +223,10 @@ def test_turns_append_the_tool_turn_ids_the_model_then_reads(qwen_style, tiny_cf
   assert n > k + 1 and (out.tokens[0, k + 1:n] == close).all()
   np.testing.assert_array_equal(out.model_mask[0, :n], [1] + [0] * k + [1] * (n - k - 1))
   assert out.turns[0] == 2 and out.tool_calls[0] == 1 and out.tool_errors[0] == 1
+
+
+def test_the_configs_choices_are_the_call_formats():
+  from configs import tools as tools_config
+  from tba_jax import config_checks
+  assert tools_config.get_config("tiny").task.tools.call_format == "auto"
+  assert tuple(config_checks.CHECKS["task.tools.call_format"]) == tool_calls.CALL_FORMATS
