@@ -175,7 +175,8 @@ def test_the_reference_is_short_and_every_figure_in_it_is_in_the_lab_log_or_the_
       _read(os.path.join(results, f)) for f in sorted(os.listdir(results))
       if f.endswith((".json", ".jsonl")))
   figures = set(re.findall(r"\d+(?:[.,]\d+)+", reference))
-  assert figures and not sorted(f for f in figures if f not in sources)
+  missing = sorted(f for f in figures if f not in sources)
+  assert figures and not missing, f"figures in {REFERENCE} found in no lab-log entry: {missing}"
 
 
 def test_every_quoted_section_of_the_reference_or_the_lab_log_exists():
