@@ -62,9 +62,21 @@ def test_each_schema_is_detected_from_its_columns_and_a_named_one_wins():
     dataset.detect_format(_qa(0), "csv")
 
 
-def test_the_config_offers_the_formats_the_task_knows():
+def test_the_config_offers_the_formats_the_task_knows_and_every_recipe_passes(monkeypatch):
   from configs import dataset as dataset_config
+  from experiments import dataset as dataset_experiment
+  from tba_jax import config_builders, config_checks
   assert dataset_config.FORMATS == ("auto", *dataset.FORMATS)
+  monkeypatch.setitem(config_builders.TASKS, "dataset", dataset_experiment.TASKS["dataset"])
+  for variant in dataset_config.VARIANTS:
+    config = dataset_config.get_config(variant)
+    config_checks.validate(config)
+    assert config.task.name == "dataset" and config.task.path == "" and config.variant == variant
+  config.unlock()
+  config.task.format = "csv"
+  with pytest.raises(ConfigError, match="task.format='csv': must be one of 'auto', 'verl', "
+                                        "'trl', 'qa'"):
+    config_checks.validate(config)
 
 
 def test_the_three_schemas_of_one_data_set_make_the_same_task(tmp_path):

@@ -38,6 +38,7 @@ from tba_jax.errors import ConfigError, UserError
 # kind -> how errors name its signature.
 SIGNATURES = {"trl": "TRL's signature", "verl": "verl's signature"}
 VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+_TRL_ARGS = ("prompts", "completions", "completion_ids")
 
 
 class RewardFunctionError(UserError):
@@ -107,13 +108,13 @@ def load(spec: str, *, prompt_column: str, chat: bool, columns: set[str]) -> "Fu
   kind = kind_of(fn, spec)
   named, _, required = _accepts(fn)
   given = (set(VERL_ARGS) if kind == "verl" else
-           {"prompts", "completions", "completion_ids"} | (columns - {prompt_column}))
+           {*_TRL_ARGS} | (columns - {prompt_column}))
   missing = sorted(required - given)
   if missing:
+    why = ("verl does not pass" if kind == "verl" else
+           f"no column of the data set holds (columns: {', '.join(sorted(columns))})")
     raise ConfigError(f"task.reward={spec!r} ({SIGNATURES[kind]}) needs "
-                      f"{', '.join(map(repr, missing))}, which "
-                      + ("verl does not pass" if kind == "verl" else
-                         f"no column of the data set holds (columns: {', '.join(sorted(columns))})"))
+                      f"{', '.join(map(repr, missing))}, which {why}")
   return FunctionReward(fn, spec, kind, prompt_column, chat)
 
 
@@ -144,7 +145,8 @@ class FunctionReward:
   def _trl_arguments(self, batch) -> dict:
     named, any_keyword, _ = _accepts(self.fn)
     rows = [p.fields for p in batch.problems]
-    columns = {c for r in rows for c in r} - {self.prompt_column}
+    # (a column named as one of TRL's own arguments is left out: the argument wins)
+    columns = {c for r in rows for c in r} - {self.prompt_column, *_TRL_ARGS}
     out = dict(prompts=[r.get(self.prompt_column) for r in rows],
                completions=[[{"role": "assistant", "content": t}] if self.chat else t
                             for t in batch.texts],
