@@ -2,6 +2,7 @@
 parquet file and TRL-style reward function, functions of both signatures scoring what the
 run evaluates, and a bad input that stops before the workdir is written."""
 import glob
+import json
 import os
 import re
 import shlex
@@ -40,7 +41,8 @@ def _run(args: list[str], workdir: str) -> subprocess.CompletedProcess:
 
 def _samples(workdir: str) -> list[dict]:
   """The completions of the final evaluation (eval_samples/, the newest step)."""
-  return read_jsonl(sorted(glob.glob(os.path.join(workdir, "eval_samples", "*.jsonl")))[-1])
+  with open(sorted(glob.glob(os.path.join(workdir, "eval_samples", "*.jsonl")))[-1]) as f:
+    return [json.loads(line) for line in f]
 
 
 def _trained(workdir: str, out) -> list[dict]:
