@@ -206,7 +206,7 @@ def test_turns_append_the_tool_turn_ids_the_model_then_reads(qwen_style, tiny_cf
   from tba_jax.turns import TurnSampler
   tok = qwen_style
   close = tok.hf.get_vocab()["</tool_call>"]
-  cfg = dataclasses.replace(tiny_cfg, vocab_size=tok.vocab_size)
+  cfg = dataclasses.replace(tiny_cfg, vocab_size=tok.vocab_size, norm="layer")  # a norm bias
   params = favouring(cfg, init_params(cfg, 0), close)
   mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
   sampler = Sampler(cfg, max_new_tokens=160, temperature=1.0, eos_ids=tok.eos_ids,
