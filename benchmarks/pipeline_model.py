@@ -7,27 +7,14 @@ Python, no JAX; the costs and where each comes from: benchmarks/pipeline_costs.p
   r.seconds_per_update, r.update_seconds, r.trainer_idle, r.staleness_hist, ...
 
 What it follows of the code (tba_jax/loop.py, searcher_pool.py, schedule.py,
-replay_buffer.py), step for step:
-- async: each searcher takes P prompts of its shard, samples S completions of each under
-  the newest published version (read at the start of its batch: the entries carry it) and
-  commits them to its staging list; paced (sync.paced), it waits while it holds its share of
-  a window's prompts unmerged, ceil(window_prompts / searchers) x S entries. The trainer
-  waits for the pre-fill, then per step draws B slots x K entries (the m rule below), trains
-  for `update_s`, and every k steps publishes (`sync_s`, on its own clock), merges the
-  staged entries and marks a sync. It never waits for a rollout.
-- alternate: one thread. A round of window_prompts = max(B, ceil(k B m)) prompts at the
-  first step of every window of k (the pre-fill's rounds before step 1), the searchers one
-  after another (searcher_pool.search_round), merged and marked; a publish every k steps.
-- the buffer: per prompt the newest `max_per_prompt` entries. A slot takes, with
-  probability m, a prompt refreshed at the latest sync (without replacement; once all were
-  taken another pass when reuse_latest) and K of its newest generation (the window of its
-  newest entry); otherwise any prompt seen so far and K of its entries, uniformly.
-- staleness = the trainer's updates done minus each trained sample's version.
-
-Devices. Each searcher has its own device group and the trainer its own, unless
-`layout.shared`: then all roles share one group (one accelerator, or two CPU cores), and
-while n of them are busy each progresses at `shared_throughput / n` of its solo speed
-(processor sharing; 1.0 says roles that each fill the devices alone split them evenly).
+replay_buffer.py; docs/pipeline_model.md says it at length): async searchers sample P
+prompts x S under the newest published version, paced ones wait while holding their share
+of a window unmerged; the trainer waits only for the pre-fill, draws B slots x K by the m
+rule, trains, and every k steps publishes, merges and marks a sync; alternate mode runs a
+round of max(B, ceil(k B m)) prompts in the trainer's thread at each window's first step.
+Staleness = the trainer's updates done minus each trained sample's version. Each role has
+its own device group unless `layout.shared`: then n busy roles each run at
+`shared_throughput / n` of their solo speed (processor sharing).
 
 Not modelled: streaming (continuous-batching) searchers, evaluations, compilation, the
 host-side cost of merges and sampling, de-duplication (every sample is a new entry),
@@ -443,21 +430,3 @@ def _busy(intervals, t0: float, t1: float) -> dict:
     out[(actor, label)] += max(0.0, min(end, t1) - max(start, t0))
   return out
 
-
-def closed_form(layout: Layout, c: RunConfig, costs: Costs) -> dict:
-  """The steady-state limits the simulation must reach where one side sets the pace:
-  seconds per update and samples produced per second, for async on separate devices
-  (the trainer never waits: update + sync / k; unpaced searchers never idle) and for
-  alternate (a window's round, k updates and a publish, one after another)."""
-  if layout.shared and layout.mode == "async":
-    raise ValueError("no closed form for async roles sharing devices")
-  per_batch = c.prompts_per_search * c.samples_per_search
-  if layout.mode == "async":
-    return {"seconds_per_update": costs.update_s + costs.sync_s / c.sync_every,
-            "produced_per_second": (None if c.paced else
-                                    layout.num_searchers * per_batch / costs.search_batch_s)}
-  batches = math.ceil(c.window_prompts / (layout.num_searchers * c.prompts_per_search))
-  window = (batches * layout.num_searchers * costs.search_batch_s
-            + c.sync_every * costs.update_s + costs.sync_s)
-  return {"seconds_per_update": window / c.sync_every,
-          "produced_per_second": batches * layout.num_searchers * per_batch / window}

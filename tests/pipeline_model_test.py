@@ -6,8 +6,7 @@ import math
 import pytest
 
 from benchmarks import pipeline_costs, pipeline_validation, plan
-from benchmarks.pipeline_model import (Costs, Engine, Layout, RunConfig, Wait, Work,
-                                       closed_form, simulate)
+from benchmarks.pipeline_model import Costs, Engine, Layout, RunConfig, Wait, Work, simulate
 
 COSTS = Costs(search_batch_s=3.0, update_s=2.0, sync_s=0.25)
 
@@ -16,6 +15,20 @@ def _config(**kw) -> RunConfig:
   base = dict(num_prompts=4, samples_per_prompt=4, samples_per_search=6, prompts_per_search=2,
               sync_every=2, m=0.95, prefill=16, num_train_prompts=40)
   return RunConfig(**{**base, **kw})
+
+
+def closed_form(layout: Layout, c: RunConfig, costs: Costs) -> dict:
+  """The steady state where one side sets the pace, by hand: async on separate devices (the
+  trainer never waits: update + sync / k a step; unpaced searchers never idle) and alternate
+  (a window's round, k updates and a publish, one after another)."""
+  per_batch = c.prompts_per_search * c.samples_per_search
+  if layout.mode == "async":
+    return {"seconds_per_update": costs.update_s + costs.sync_s / c.sync_every,
+            "produced_per_second": layout.num_searchers * per_batch / costs.search_batch_s}
+  batches = math.ceil(c.window_prompts / (layout.num_searchers * c.prompts_per_search))
+  window = (batches * layout.num_searchers * costs.search_batch_s
+            + c.sync_every * costs.update_s + costs.sync_s)
+  return {"seconds_per_update": window / c.sync_every}
 
 
 LAYOUTS = {"async": Layout(num_searchers=2), "paced": Layout(num_searchers=2),
