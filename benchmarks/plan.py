@@ -13,8 +13,9 @@ split's); of those it recommends the one that trains the most fresh samples a se
 faster than its searchers replays, which adds updates but not data). Beside it: the
 paper's split (its trainer count, else a quarter of the chips; the recipe's P and k) and
 synchronous on-policy training on all N chips (B x K rows spread over the N chips, then
-the update on all N: sync.mode=alternate, k=1, m=1, S=K). Per-role costs: benchmarks/pipeline_costs.py (measured on the H200 for RhoMath-1B's
-shape; elsewhere the roofline bound over the H200's measured efficiency).
+the update on all N: sync.mode=alternate, k=1, m=1, S=K). Per-role costs:
+benchmarks/pipeline_costs.py (measured on the H200 for RhoMath-1B's shape; elsewhere the
+roofline bound over the H200's measured efficiency).
 """
 from __future__ import annotations
 
