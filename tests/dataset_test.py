@@ -159,6 +159,19 @@ def test_split_files_in_a_directory_and_files_of_their_own(tmp_path):
   assert len(task.train) == 9 and len(task.test) == 1  # no "eval" file: 10% of train
 
 
+def test_a_json_file_is_a_list_of_objects_or_one_object_a_line(tmp_path):
+  rows = [_qa(i) for i in range(3)]
+  (tmp_path / "list.json").write_text(json.dumps(rows))
+  assert dataset.read_rows(str(tmp_path / "list.json")) == rows
+  assert dataset.read_rows(_write(tmp_path / "lines.json", rows)) == rows
+  (tmp_path / "bad.json").write_text(json.dumps([1, 2]))
+  with pytest.raises(DataError, match="bad.json: expected a JSON list of objects, or one "
+                                      "object a line"):
+    dataset.read_rows(str(tmp_path / "bad.json"))
+  with pytest.raises(DataError, match=r"rows.csv: not a \.parquet, \.jsonl or \.json file"):
+    dataset.read_rows(str(tmp_path / "rows.csv"))
+
+
 def test_one_file_is_cut_into_test_then_validation_with_fixed_seeds(tmp_path):
   path = _write(tmp_path / "qa.jsonl", [_qa(i) for i in range(40)])
   task = _task(path, validation_fraction=0.1, test_fraction=0.25)
@@ -187,6 +200,11 @@ def test_a_hub_id_is_read_through_the_datasets_library(monkeypatch):
   assert [p.target for p in task.test] == [51.0, 52.0] and len(task.train) == 8
   with pytest.raises(DataError, match=r"has no split 'training' \(it has train, test\)"):
     _task("someone/toy-math", split_names=("training", "validation", "test"))
+  empty = lambda name: {"train": Split(_trl(i) for i in range(10)), "test": Split()}
+  monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=empty))
+  with pytest.raises(DataError, match=r"^someone/toy-math \(test split\): the test split is "
+                                      r"empty$"):
+    _task("someone/toy-math")
   monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
   with pytest.raises(DataError, match="needs the `datasets` library: pip install datasets"):
     _task("someone/toy-math")
