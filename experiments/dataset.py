@@ -1,7 +1,9 @@
-r"""Your data set and reward function, no code: a parquet / JSONL / JSON file, a directory of
-split files or a hub data set in verl's, TRL's or question / answer schema
-(tba_jax/tasks/dataset.py), scored by a function of TRL's or verl's signature
-(tba_jax/tasks/reward_functions.py) or a built-in checker. Recipes in configs/dataset.py.
+r"""Your data set (verl / TRL / question-answer schema) and reward function, no code.
+
+A parquet / JSONL / JSON file, a directory of split files or a hub data set in verl's, TRL's
+or question / answer schema (tba_jax/tasks/dataset.py), scored by a function of TRL's or
+verl's signature (tba_jax/tasks/reward_functions.py) or a built-in checker. Recipes in
+configs/dataset.py; docs/datasets.md.
 
   python -m experiments.dataset --config configs/dataset.py:tiny \
       --config.task.path=configs/data/arithmetic_verl.parquet \
