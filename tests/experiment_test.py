@@ -324,7 +324,7 @@ def test_one_file_as_both_splits_is_refused_unless_asked_for(tmp_path):
      "task.name='redteam'. Run it with: python -m experiments.redteam "
      "--config=configs/redteam.py:tiny --workdir={workdir}"),
     (["--config=configs/gsm9k.py:tiny"], "gsm8k",
-     "error: config file 'configs/gsm9k.py' does not exist (the configs are echo.py, gsm8k.py, "
+     "error: config file 'configs/gsm9k.py' does not exist (the configs are dataset.py, echo.py, gsm8k.py, "
      f"math.py, redteam.py, sft.py, suite.py, tldr.py, tools.py in {ROOT}/configs); did you mean configs/gsm8k.py?"),
     (["--config=configs/gsm8k.py:tiny,task.max_prompt_len=3"], "gsm8k",
      "error: task.max_prompt_len=3: 8 of 8 prompts are longer (the longest, problem 0's, has "
