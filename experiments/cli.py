@@ -3,7 +3,7 @@
   tba train EXPERIMENT --config configs/EXPERIMENT.py:VARIANT --workdir DIR [--config.K=V ...]
   tba train EXPERIMENT --config DIR/config.yaml --workdir DIR2   # rerun DIR's resolved config
   tba eval EXPERIMENT --workdir DIR [--policy PATH] [--step N]  # DIR/config.yaml's evaluation
-  tba export EXPERIMENT --workdir DIR [--out PATH] [--step N]   # a checkpoint's policy, HF format
+  tba export EXPERIMENT --workdir DIR [--out PATH]   # the newest checkpoint's policy, HF format
   tba plot WORKDIR [WORKDIR ...] --out fig.png                   # experiments/plot.py
   tba --help                                                     # the experiments, their variants
 
@@ -85,7 +85,8 @@ def experiments() -> dict[str, Experiment]:
 
 
 def usage() -> str:
-  lines = [__doc__.split("\n\n")[0].strip(), "", "Experiments (configs/EXPERIMENT.py:VARIANT):"]
+  lines = ["\n\n".join(__doc__.split("\n\n")[:2]).strip(), "",
+           "Experiments (configs/EXPERIMENT.py:VARIANT):"]
   for e in experiments().values():
     listed = ", ".join(f"{v} (default)" if v == e.default else v for v in e.variants)
     lines += [f"  {e.name:10s} {e.summary}", f"  {'':10s} variants: {listed or e.default}"]
