@@ -39,7 +39,7 @@ def test_tiny_runs_async_with_win_rate_before_and_after_an_export_that_evaluates
   workdir = str(tmp_path / "run")
   stdout = _run(_command("tldr", workdir))
   assert "mode      async (searchers sample in threads" in stdout
-  assert "task      tldr: 11 train / 4 test problems" in stdout
+  assert "task      tldr: 10 train / 1 validation / 4 test problems" in stdout
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   assert [r["step"] for r in rows if "loss" in r] == list(range(1, 7))
   evals = [r for r in rows if "eval/win_rate" in r]
