@@ -37,17 +37,16 @@ validation_fraction, num_train_problems):
   test_fraction  without a test split: this share of train is held out as it (fixed seed)
 """
 from configs import common, gsm8k
+from tba_jax.choices import DATASET_FORMATS
 from tba_jax.config_checks import declare, key
 
 VARIANTS = ("tiny", "smollm2")
-# tba_jax/tasks/dataset.FORMATS's names, and "auto" (tests/dataset_test.py compares them).
-FORMATS = ("auto", "verl", "trl", "qa")
 
 
 def _dataset(c, **task):
   keys = declare(dict(
       path="",            # a data file, a directory of split files, or a hub data set id
-      format=key("auto", FORMATS),  # the schema: "auto" = from the train split's columns
+      format=key("auto", DATASET_FORMATS),  # the schema: "auto" = from the train split's columns
       reward="",          # "" = by the ground truths; a checker; or PATH.py:FUNCTION
       train_split="train", validation_split="validation", test_split="test",
       validation_path="", test_path="",  # "" = from `path`, or held out of train

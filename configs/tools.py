@@ -33,7 +33,7 @@ trajectory, replies included.
 Static and streaming searchers (sampler.num_slots > 0: a turns.TurnPool) both run turns.
 """
 from configs import common, gsm8k
-from tba_jax.choices import TOOL_SCORES
+from tba_jax.choices import TOOL_CALL_FORMATS, TOOL_SCORES
 from tba_jax.config_checks import declare, key
 
 VARIANTS = ("tiny", "cpu", "qwen_gsm8k")
@@ -44,7 +44,7 @@ def _tools(c, **kw):
       # how the model calls its tool (tasks/tool_calls.py): "tag" (<tool>...</tool>, ours),
       # "hermes" (the chat template's <tool_call> JSON and tool turn; needs prompt_style
       # "chat"), "auto" (hermes where the prompt is the template's and it writes <tool_call>)
-      call_format=key("auto", ("auto", "tag", "hermes")),
+      call_format=key("auto", TOOL_CALL_FORMATS),
       tool="calculator", max_turns=2, max_turn_tokens=48, max_reply_tokens=16, timeout_s=5.0,
       num_workers=8, stop="</tool>", bare_calls=False,
       # what the task's reward reads (tasks/environment.SCORES): "last_turn" = the model's own

@@ -22,6 +22,10 @@ VERIFIERS = ("paper_regex", "math_verify")
 ARITHMETIC_FORMS = ("one_op", "two_op", "word")
 # task.tools.score: tasks/environment.SCORES (what the reward of a multi-turn row reads).
 TOOL_SCORES = ("last_turn", "transcript")
+# task.tools.call_format: tasks/tool_calls.py's formats ("auto" reads the chat template).
+TOOL_CALL_FORMATS = ("auto", "tag", "hermes")
+# task.format of configs/dataset.py: tasks/dataset.FORMATS's schemas ("auto": by the columns).
+DATASET_FORMATS = ("auto", "verl", "trl", "qa")
 # task.redteam.victim_prompt and task.redteam.judge: tasks/redteam.py.
 REDTEAM_PROMPT_STYLES = ("alpaca", "chat")
 REDTEAM_JUDGES = ("classifier", "llama_guard", "profanity_check")

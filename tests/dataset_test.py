@@ -65,8 +65,8 @@ def test_each_schema_is_detected_from_its_columns_and_a_named_one_wins():
 def test_the_config_offers_the_formats_the_task_knows_and_every_recipe_passes(monkeypatch):
   from configs import dataset as dataset_config
   from experiments import dataset as dataset_experiment
-  from tba_jax import config_builders, config_checks
-  assert dataset_config.FORMATS == ("auto", *dataset.FORMATS)
+  from tba_jax import choices, config_builders, config_checks
+  assert choices.DATASET_FORMATS == ("auto", *dataset.FORMATS)
   monkeypatch.setitem(config_builders.TASKS, "dataset", dataset_experiment.TASKS["dataset"])
   for variant in dataset_config.VARIANTS:
     config = dataset_config.get_config(variant)

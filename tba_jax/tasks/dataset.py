@@ -33,7 +33,7 @@ import os
 import re
 from typing import Any, Callable
 
-from tba_jax import verifiers
+from tba_jax import choices, verifiers
 from tba_jax.errors import ConfigError, DataError
 from tba_jax.tasks import (VALIDATION_SEED, Problem, Task, gsm8k, hold_out, read_records,
                            reward_functions)
@@ -70,6 +70,7 @@ FORMATS = {
     "qa": Schema(("question", "answer"), "question", lambda r: r["answer"],
                  "question / answer"),
 }
+assert ("auto", *FORMATS) == choices.DATASET_FORMATS, "tba_jax/choices.py names these schemas"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,9 +34,9 @@ import json
 import re
 from typing import Any, Callable, Mapping, Sequence
 
+from tba_jax.choices import TOOL_CALL_FORMATS as CALL_FORMATS
 from tba_jax.tasks.environment import Reply, ReplyFn
 
-CALL_FORMATS = ("auto", "tag", "hermes")
 HERMES_STOP = ("</tool_call>",)  # a hermes model turn ends at its call's closing tag
 _HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>\s*$", re.S)
 # Markers rendered through the template in place of the model's text and a tool's output.
