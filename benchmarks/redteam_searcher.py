@@ -57,7 +57,8 @@ def main():
   from tba_jax import hf_checkpoints, sharding, weight_sync
   from tba_jax import tokenizer as tokenizer_lib
   from tba_jax.sampler import Sampler
-  from tba_jax.searcher import Exploration, PromptStream, Searcher, StaticRows
+  from tba_jax.rows import StaticRows
+  from tba_jax.searcher import Exploration, PromptStream, Searcher
   from tba_jax.tasks import Problem, redteam
 
   mesh = sharding.make_mesh("searcher", jax.devices()[:1])

@@ -40,7 +40,8 @@ def measure(cfg, rm_cfg, *, prompts: int, samples: int, prompt_len: int, new_tok
   from tba_jax import batch as batch_lib
   from tba_jax import model, sharding, weight_sync
   from tba_jax.sampler import Sampler
-  from tba_jax.searcher import PromptStream, Searcher, StaticRows
+  from tba_jax.rows import StaticRows
+  from tba_jax.searcher import PromptStream, Searcher
   from tba_jax.tasks import Problem, RewardBatch, tldr
 
   mesh = sharding.make_mesh("searcher", jax.devices()[:1])

@@ -33,7 +33,8 @@ from tba_jax.model_builders import (  # noqa: F401 (re-exported: a run is built 
 from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.sampler import Sampler
 from tba_jax.schedule import Schedule
-from tba_jax.searcher import Exploration, PromptStream, Searcher, StaticRows
+from tba_jax.rows import StaticRows
+from tba_jax.searcher import Exploration, PromptStream, Searcher
 from tba_jax.searcher_pool import SearcherPool
 from tba_jax.streaming import StreamingRows
 from tba_jax.target_distance import TargetDistance

@@ -208,7 +208,7 @@ def _microbatch_problems(get) -> Iterable[str]:
 def _behaviour_logprob_problems(get) -> Iterable[str]:
   """loss.log_z='behaviour' and loss.name='ratio' read the searchers' behaviour log-probs as
   those of the policy that drew each completion. What the searchers store is the sampler's
-  `tempered_logprobs` (searcher.Sample): log softmax(logits / T) at the batch's own T, never
+  `tempered_logprobs` (rows.Sample): log softmax(logits / T) at the batch's own T, never
   truncated; the sampler's truncated `logprobs` are not kept. So they are refused with
   top-k / top-p (the distribution sampled is the truncated one) and with exploration (the
   trainer's log pi is at sampler.temperature, an exploring batch's at its own)."""

@@ -4,7 +4,7 @@
   searcher = Searcher(id, rows=rows, ...)   # searcher.py
   searcher.search_once()   # until num_prompts more prompt groups are committed
 
-`searcher.StaticRows` samples P prompts x S at a time and waits for the longest
+`rows.StaticRows` samples P prompts x S at a time and waits for the longest
 row. This source keeps a pool of N row slots (`continuous.Stream`) full from
 its searcher's prompt stream: it takes whole prompts (S rows each, one
 temperature per prompt group from the searcher's `Exploration`), and each
@@ -40,7 +40,7 @@ import jax
 from tba_jax import continuous, paged_kv
 from tba_jax import turns as turns_lib
 from tba_jax.sampler import Sampler
-from tba_jax.searcher import Feed, Group, Sample, Sampled
+from tba_jax.rows import Feed, Group, Sample, Sampled
 
 
 @dataclasses.dataclass

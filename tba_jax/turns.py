@@ -2,7 +2,7 @@
 
   turns = TurnSampler(sampler, environment, encode, decode)
   out = turns(params, prompts, key, problems=problems)   # TurnRollouts
-  rows = TurnRows(turns)        # a searcher.RowSource of static batches with turns
+  rows = TurnRows(turns)        # a rows.RowSource of static batches with turns
   rows = streaming.StreamingRows(sampler, num_slots=N, turns=(environment, encode, decode))
 
 Rows live in a pool of slots (`TurnPool`, continuous.Stream's interface; `TurnSampler` runs
@@ -52,7 +52,7 @@ from tba_jax import sampler as sampler_lib
 from tba_jax import sharding
 from tba_jax.model import KVCache
 from tba_jax.sampler import Sampler, SamplingOptions
-from tba_jax.searcher import Feed, Group, Sample, Sampled
+from tba_jax.rows import Feed, Group, Sample, Sampled
 from tba_jax.tasks.environment import FATAL, SCORES, Environment, as_reply, failure_reply
 
 REPLY_BUCKETS = (8, 16, 32, 64, 128, 256, 512)
@@ -285,7 +285,7 @@ class TurnCompletion:
                   **{f: getattr(self, f) for f in _SAMPLE_FIELDS})
 
 
-# What a TurnCompletion hands on to its searcher.Sample (and TurnRollouts holds per row).
+# What a TurnCompletion hands on to its rows.Sample (and TurnRollouts holds per row).
 _SAMPLE_FIELDS = ("model_mask", "reward_mask", "turns", "tool_calls", "tool_errors",
                   "reply_failures", "tool_seconds", "replies_dropped")
 
@@ -555,8 +555,8 @@ class TurnSampler:
 
 
 class TurnRows:
-  """A searcher.RowSource of static batches with turns: num_prompts prompts x S rows through
-  a TurnSampler, one batch per `sample` (searcher.StaticRows's cursor and keys)."""
+  """A rows.RowSource of static batches with turns: num_prompts prompts x S rows through
+  a TurnSampler, one batch per `sample` (rows.StaticRows's cursor and keys)."""
 
   def __init__(self, turns: TurnSampler):
     self.turns, self.sampler = turns, turns.sampler

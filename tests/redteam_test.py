@@ -12,7 +12,8 @@ from tba_jax import config_builders, losses, sharding, weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.model import init_params
 from tba_jax.sampler import Sampler
-from tba_jax.searcher import Exploration, PromptStream, Searcher, StaticRows
+from tba_jax.rows import StaticRows
+from tba_jax.searcher import Exploration, PromptStream, Searcher
 from tba_jax.tasks import Problem, redteam
 
 

@@ -8,7 +8,8 @@ import pytest
 from tba_jax import sharding, weight_sync
 from tba_jax.model import init_params
 from tba_jax.sampler import Sampler
-from tba_jax.searcher import PromptStream, Searcher, StaticRows
+from tba_jax.rows import StaticRows
+from tba_jax.searcher import PromptStream, Searcher
 from tba_jax.tasks import Problem
 
 PROMPTS = {0: [5, 6, 7], 1: [8, 9], 2: [10]}

@@ -8,7 +8,8 @@ from tba_jax.batch import Layout
 from tba_jax.model import init_params
 from tba_jax.replay_buffer import ReplayBuffer
 from tba_jax.sampler import Sampler
-from tba_jax.searcher import PromptStream, Searcher, StaticRows
+from tba_jax.rows import StaticRows
+from tba_jax.searcher import PromptStream, Searcher
 from tba_jax.streaming import StreamingRows
 from tba_jax.tasks import Problem
 

@@ -128,7 +128,8 @@ def test_a_tools_printed_result_is_not_the_models_final_answer(tiny_cfg, score, 
   from tba_jax.evaluation import Evaluator
   from tba_jax.model import init_params
   from tba_jax.sampler import Sampler
-  from tba_jax.searcher import Group, PromptStream, Sample, Searcher, StaticRows
+  from tba_jax.rows import Group, Sample, StaticRows
+  from tba_jax.searcher import PromptStream, Searcher
   from tba_jax.tasks import Problem, as_stage
   from tba_jax.tasks.environment import SCORES
   from tba_jax.turns import TurnRollouts
