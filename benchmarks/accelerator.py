@@ -92,9 +92,9 @@ def main():
   import jax
   import jax.numpy as jnp
 
-  from tba_jax import continuous, losses, model, sharding, train_step, weight_sync
+  from tba_jax import continuous, losses, model, optim, sharding, train_step, weight_sync
   from tba_jax.model import ModelConfig
-  from tba_jax.sampler import Sampler
+  from tba_jax.sampler import Buckets, Sampler, SamplingOptions
 
   cfg = ModelConfig(vocab_size=32000, dim=2048, mlp_dim=5632, num_layers=2 if args.small else 22,
                     num_heads=32, num_kv_heads=4, head_dim=64, dtype="bfloat16",
@@ -110,14 +110,15 @@ def main():
 
   # ----- Sampler ----------------------------------------------------------------
   for b in (int(x) for x in args.sampler_batches.split(",") if "sampler" in parts):
-    sampler = Sampler(cfg, max_new_tokens=args.new_tokens, greedy=True, mesh=mesh,
-                      prompt_buckets=(args.prompt_len,), batch_buckets=(b,))
+    exact = Buckets(prompt=(args.prompt_len,), batch=(b,))
+    sampler = Sampler(cfg, SamplingOptions(max_new_tokens=args.new_tokens, greedy=True), mesh=mesh,
+                      buckets=exact)
     prompts = [list(rng.integers(3, cfg.vocab_size, args.prompt_len)) for _ in range(b)]
     sampler(params, prompts, jax.random.key(0))  # compile
     seconds = median_seconds(lambda: sampler(params, prompts, jax.random.key(1)), args.repeats)
     # Decode-step time from a prefill-only run (max_new_tokens=1) subtracted out.
-    prefill_only = Sampler(cfg, max_new_tokens=1, greedy=True, mesh=mesh,
-                           prompt_buckets=(args.prompt_len,), batch_buckets=(b,))
+    prefill_only = Sampler(cfg, SamplingOptions(max_new_tokens=1, greedy=True), mesh=mesh,
+                           buckets=exact)
     prefill_only(params, prompts, jax.random.key(0))
     prefill = median_seconds(lambda: prefill_only(params, prompts, jax.random.key(1)),
                               args.repeats)
@@ -140,8 +141,8 @@ def main():
   # 2 x N rows through N slots (every slot refilled once), no EOS: the pool's own cost.
   # The step time includes the prefills (an upper bound), so the roofline is a lower bound.
   for n in (int(x) for x in args.stream_slots.split(",") if x and "streaming" in parts):
-    pool = Sampler(cfg, max_new_tokens=args.new_tokens, greedy=True, mesh=mesh,
-                   prompt_buckets=(args.prompt_len,))
+    pool = Sampler(cfg, SamplingOptions(max_new_tokens=args.new_tokens, greedy=True), mesh=mesh,
+                   buckets=Buckets(prompt=(args.prompt_len,)))
     prompts = [list(rng.integers(3, cfg.vocab_size, args.prompt_len)) for _ in range(2 * n)]
     run = lambda key: continuous.generate(pool, params, prompts, key, num_slots=n)
     run(jax.random.key(0))  # compile
@@ -161,14 +162,14 @@ def main():
     return
   # ----- Trainer ------------------------------------------------------------------
   trainer_mesh = sharding.make_mesh("trainer", [device])
-  optimizer = train_step.make_optimizer(1e-5, 0.0, 1.0)
+  optimizer = optim.make_optimizer(1e-5, 0.0, 1.0)
   state = train_step.init_state(jax.tree.map(lambda x: x.astype(jnp.float32), params), optimizer,
                                 train_step.state_shardings(cfg.replace(dtype="float32"),
                                                            optimizer, trainer_mesh))
-  update = train_step.make_update(
-      cfg.replace(dtype="float32"), optimizer, train_step.tb_loss,
-      functools.partial(losses.constant_beta, beta=0.01), trainer_mesh, temperature=0.7,
-      compute_dtype="bfloat16")
+  objective = train_step.Objective(train_step.tb_loss,
+                                   functools.partial(losses.constant_beta, beta=0.01), 0.7)
+  update = train_step.make_update(cfg.replace(dtype="float32"), optimizer, objective,
+                                  trainer_mesh, forward=train_step.Forward(dtype="bfloat16"))
   n, t, tc = args.train_batch, args.train_len, args.train_len // 2
   batch = train_step.TrainBatch(
       tokens=rng.integers(3, cfg.vocab_size, (n, t)).astype(np.int32),

@@ -108,7 +108,8 @@ def main():
   key = jax.random.key(0)
   for b in batches:
     prompts = sampler_bench.gsm8k_prompts(tok, b)
-    make = lambda new: sampler.Sampler(cfg, max_new_tokens=new, greedy=True, pad_id=tok.pad_id)
+    make = lambda new: sampler.Sampler(cfg, sampler.SamplingOptions(max_new_tokens=new, greedy=True,
+                                                                     pad_id=tok.pad_id))
     whole, prefill_only = make(n), make(1)
     whole(params, prompts, key), prefill_only(params, prompts, key)  # compile
     total = best_of(lambda: whole(params, prompts, key), args.repeats)[0]

@@ -24,7 +24,7 @@ def main():
 
   from tba_jax import hf_checkpoints, tasks, tokenizer
   from tba_jax.evaluation import Evaluator
-  from tba_jax.sampler import Sampler
+  from tba_jax.sampler import Sampler, SamplingOptions
   from tba_jax.tasks import gsm8k
 
   path = hf_checkpoints.smollm2_gguf_path()
@@ -33,8 +33,8 @@ def main():
   problems = gsm8k.load("test", args.data or None, limit=args.num_problems)
   prompts = [tok.encode_prompt(gsm8k.make_prompt(p.fields["question"], args.prompt_style, tok),
                                templated=args.prompt_style == "chat") for p in problems]
-  greedy = Sampler(cfg, max_new_tokens=args.max_new_tokens, greedy=True, eos_ids=tok.eos_ids,
-                   pad_id=tok.pad_id)
+  greedy = Sampler(cfg, SamplingOptions(max_new_tokens=args.max_new_tokens, greedy=True,
+                                         eos_ids=tok.eos_ids, pad_id=tok.pad_id))
   evaluator = Evaluator(problems=problems, prompt_tokens=prompts, decode=tok.decode,
                         reward=tasks.TextReward(gsm8k.reward).build(None),
                         eos_ids=tok.eos_ids, batch_size=args.batch_size, greedy=greedy)

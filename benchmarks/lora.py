@@ -92,7 +92,7 @@ def searcher(args) -> None:
 
   from configs import gsm8k
   from tba_jax import config_builders, hf_checkpoints, lora, sharding
-  from tba_jax.sampler import Sampler
+  from tba_jax.sampler import Sampler, SamplingOptions
 
   c = gsm8k.get_config("cpu")
   mesh = sharding.make_mesh("searcher", jax.devices()[:1])
@@ -109,8 +109,9 @@ def searcher(args) -> None:
   problems = task.train[:c.sampler.num_prompts_per_batch]
   prompts = [tok.encode_prompt(task.prompt(p)) for p in problems
              for _ in range(c.sampler.num_samples_per_prompt)]
-  sample = lambda config: Sampler(config, max_new_tokens=c.sampler.max_new_tokens,
-                                  temperature=c.sampler.temperature, eos_ids=(), mesh=mesh)
+  options = SamplingOptions(max_new_tokens=c.sampler.max_new_tokens,
+                            temperature=c.sampler.temperature, eos_ids=())
+  sample = lambda config: Sampler(config, options, mesh=mesh)
   unmerged, merged = sample(cfg), sample(base_cfg)  # eos_ids=(): every row decodes all tokens
   params = lora.combine(base, adapters)
   key = jax.random.key(0)

@@ -161,13 +161,13 @@ def _layout(arg: str, c, cfg) -> dict:
   import jax
   import jax.numpy as jnp
 
-  from tba_jax import config_builders, lora, model, train_step
+  from tba_jax import config_builders, lora, model, optim
   cfg = cfg.replace(lora=config_builders.lora_config(c.model.lora, cfg))
   base, trained = lora.frozen(cfg, model.param_shapes(cfg)), lora.trained(cfg, model.param_shapes(cfg))
   num_params = model.count_params(lora.base_config(cfg))
   num_trained = sum(math.prod(x.shape) for x in jax.tree.leaves(trained))
-  optimizer = train_step.make_optimizer(1e-5, c.optim.weight_decay, c.optim.grad_clip_norm or None,
-                                        moments_dtype=c.optim.moments_dtype)
+  optimizer = optim.make_optimizer(1e-5, c.optim.weight_decay, c.optim.grad_clip_norm or None,
+                                   moments_dtype=c.optim.moments_dtype)
   opt_state = jax.eval_shape(optimizer.init, trained)
   trainers = c.mesh.num_trainer_devices
   # A LoRA base is frozen: kept in the model dtype, no moments, no gradients.

@@ -197,15 +197,15 @@ def trainer_program(cfg, devices, fsdp: int, tensor: int, rows: int, prompt_len:
                     new_tokens: int, microbatches: int):
   import jax
   import jax.numpy as jnp
-  from tba_jax import config_builders, model, sharding, train_step
+  from tba_jax import config_builders, model, optim, sharding, train_step
   from tba_jax.batch import TrainBatch
   from tba_jax.model_config import ModelConfig  # noqa: F401
   mesh = sharding.make_mesh("trainer", devices[:fsdp * tensor], tensor)
-  optimizer = train_step.make_optimizer(1e-5, 0.0, 1.0)
+  optimizer = optim.make_optimizer(1e-5, 0.0, 1.0)
   loss = config_builders.LOSSES["tb"](_loss_cfg())
-  update = train_step.make_update(cfg, optimizer, loss, lambda s: jnp.float32(0.01), mesh,
-                                  temperature=1.0, compute_dtype="bfloat16",
-                                  num_microbatches=microbatches, remat=True)
+  objective = train_step.Objective(loss, lambda s: jnp.float32(0.01), 1.0)
+  forward = train_step.Forward(dtype="bfloat16", num_microbatches=microbatches, remat=True)
+  update = train_step.make_update(cfg, optimizer, objective, mesh, forward=forward)
   state_sh = train_step.state_shardings(cfg, optimizer, mesh)
   shapes = jax.eval_shape(lambda p: train_step.TrainState(
       params=p, opt_state=optimizer.init(p), step=jnp.zeros((), jnp.int32)),
@@ -236,7 +236,7 @@ def searcher_program(cfg, devices, tensor: int, rows: int, cache_len: int):
   import jax
   import jax.numpy as jnp
   from tba_jax import model, sampler, sharding
-  from tba_jax.model import KVCache
+  from tba_jax.kv_cache import KVCache
   mesh = sharding.make_mesh("searcher", devices[:tensor], tensor)
   psh = sharding.param_shardings(cfg, "searcher", mesh)
   params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16, sharding=s),

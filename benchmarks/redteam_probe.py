@@ -77,7 +77,7 @@ def main():
   from configs import redteam as redteam_config
   from tba_jax import config_builders, hf_checkpoints, sharding
   from tba_jax import tokenizer as tokenizer_lib
-  from tba_jax.sampler import Sampler
+  from tba_jax.sampler import Sampler, SamplingOptions
   from tba_jax.tasks import redteam
 
   c = redteam_config.get_config("cpu")
@@ -90,9 +90,9 @@ def main():
     tok = tokenizer_lib.load(path)
     cfg, params = hf_checkpoints.load(path, "float32", mesh=mesh, role="searcher")
     s = c.sampler
-    sampler = Sampler(cfg, max_new_tokens=s.max_new_tokens, temperature=1.0,
-                      min_new_tokens=c.eval.min_new_tokens, end_with_eos=s.end_with_eos,
-                      eos_ids=tok.eos_ids, pad_id=tok.pad_id, mesh=mesh)
+    sampler = Sampler(cfg, SamplingOptions(
+        max_new_tokens=s.max_new_tokens, temperature=1.0, min_new_tokens=c.eval.min_new_tokens,
+        end_with_eos=s.end_with_eos, eos_ids=tok.eos_ids, pad_id=tok.pad_id), mesh=mesh)
     start = time.perf_counter()
     gen = sampler(params, [tok.encode_prompt(redteam.ATTACK_PROMPT)] * args.samples,
                   jax.random.key(args.seed))

@@ -56,9 +56,9 @@ def main():
 
   from tba_jax import hf_checkpoints, sharding, weight_sync
   from tba_jax import tokenizer as tokenizer_lib
-  from tba_jax.sampler import Sampler
+  from tba_jax.sampler import Sampler, SamplingOptions
   from tba_jax.rows import StaticRows
-  from tba_jax.searcher import Exploration, PromptStream, Searcher
+  from tba_jax.searcher import Exploration, PromptShard, Scoring, Searcher
   from tba_jax.tasks import Problem, redteam
 
   mesh = sharding.make_mesh("searcher", jax.devices()[:1])
@@ -71,15 +71,14 @@ def main():
     cfg, params = hf_checkpoints.load(attacker_path, mesh=mesh, role="searcher")
     attacks = redteam.attacks_on(victim, judge, mesh)
   prompt = tok.encode_prompt(redteam.ATTACK_PROMPT)
-  sampler = Sampler(cfg, max_new_tokens=21, temperature=1.0, eos_ids=tok.eos_ids,
-                    pad_id=tok.pad_id, mesh=mesh, min_new_tokens=4, end_with_eos=True)
+  sampler = Sampler(cfg, SamplingOptions(max_new_tokens=21, eos_ids=tok.eos_ids, pad_id=tok.pad_id,
+                                         min_new_tokens=4, end_with_eos=True), mesh=mesh)
   searcher = Searcher(
-      0, rows=StaticRows(sampler), ref_params=params, mailbox=weight_sync.Mailbox(0, params),
-      stream=PromptStream([0], seed=0), prompt_tokens={0: prompt},
-      problems={0: Problem(0, {"prompt": redteam.ATTACK_PROMPT})}, decode=tok.decode,
-      reward=redteam.ToxicityReward(victim, judge).build(mesh), num_prompts=1,
-      num_samples=args.attacks, max_prompt_len=64, seed=0,
-      explore=Exploration(0.5, 0.5, 2.0))
+      0, rows=StaticRows(sampler), mailbox=weight_sync.Mailbox(0, params),
+      prompts=PromptShard([0], {0: prompt}, {0: Problem(0, {"prompt": redteam.ATTACK_PROMPT})},
+                          max_len=64),
+      scoring=Scoring(redteam.ToxicityReward(victim, judge).build(mesh), tok.decode, params),
+      num_prompts=1, num_samples=args.attacks, seed=0, explore=Exploration(0.5, 0.5, 2.0))
 
   out = sampler(params, [prompt] * args.attacks, jax.random.key(0))
   texts = [tok.decode(out.tokens[r, :out.lengths[r]]) for r in range(args.attacks)]

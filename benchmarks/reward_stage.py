@@ -45,7 +45,7 @@ def main():
 
   from tba_jax import hf_checkpoints, sharding, tasks
   from tba_jax.tasks import model_rewards
-  from tba_jax.sampler import Sampler
+  from tba_jax.sampler import Sampler, SamplingOptions
   from tba_jax.tasks import Problem, gsm8k
 
   mesh = sharding.make_mesh("searcher", jax.devices()[:1])
@@ -56,7 +56,8 @@ def main():
   rule = tasks.TextReward(gsm8k.reward).build(mesh)
   rng = np.random.default_rng(0)
   prompts = [list(rng.integers(1, cfg.vocab_size, args.prompt_len)) for _ in range(args.rows)]
-  sampler = Sampler(cfg, max_new_tokens=args.new_tokens, temperature=0.7, mesh=mesh)
+  options = SamplingOptions(max_new_tokens=args.new_tokens, temperature=0.7)
+  sampler = Sampler(cfg, options, mesh=mesh)
   out = sampler(params, prompts, jax.random.key(0))
   completions = [out.tokens[r, :out.lengths[r]] for r in range(args.rows)]
   batch = tasks.RewardBatch(

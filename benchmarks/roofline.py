@@ -11,7 +11,7 @@ lowered and compiled for this machine's CPU, and XLA's cost_analysis() read off:
   prefill  64 prompts of the recipe's prompt length into a fresh cache;
   scoring  the reference log-probs of a micro-batch (model.completion_token_logprobs);
   update   a TB update of a micro-batch: the gradient of the completion log-probs
-           and AdamW on float32 master weights (train_step.make_optimizer).
+           and AdamW on float32 master weights (optim.make_optimizer).
 XLA counts a while loop's body once, whatever its trip count (the model scans its
 layers), so each program is compiled with 1 and 2 layers, unrolled, and extended
 linearly to the shape's depth: cost(L) = cost(1) + (L - 1) (cost(2) - cost(1)).
@@ -150,8 +150,8 @@ def programs(cfg, r: dict) -> dict:
   import jax.numpy as jnp
   import optax  # noqa: F401 (make_optimizer's)
 
-  from tba_jax import model, sampler, train_step
-  from tba_jax.model import KVCache
+  from tba_jax import model, optim, sampler
+  from tba_jax.kv_cache import KVCache
 
   sds = jax.ShapeDtypeStruct
   params = model.param_shapes(cfg)
@@ -173,7 +173,7 @@ def programs(cfg, r: dict) -> dict:
   out["scoring"] = _cost(jax.jit(score), params, seq, seq)
 
   master = jax.tree.map(lambda x: sds(x.shape, jnp.float32), params)
-  optimizer = train_step.make_optimizer(1e-5, 0.0, 1.0)
+  optimizer = optim.make_optimizer(1e-5, 0.0, 1.0)
   opt_state = jax.eval_shape(optimizer.init, master)
 
   def update(master, opt_state, tokens, mask):

@@ -58,7 +58,8 @@ def _run_jax(path, batches, new_tokens, repeats):
   results = []
   for b in batches:
     prompts = gsm8k_prompts(tok, b)
-    s = sampler.Sampler(cfg, max_new_tokens=new_tokens, greedy=True, pad_id=tok.pad_id)
+    s = sampler.Sampler(cfg, sampler.SamplingOptions(max_new_tokens=new_tokens, greedy=True,
+                                                     pad_id=tok.pad_id))
     _reset_peak_rss()
     t0 = time.perf_counter()
     out = s(params, prompts, jax.random.key(0))  # compiles

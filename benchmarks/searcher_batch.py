@@ -49,7 +49,7 @@ def main():
   from configs import gsm8k
   from tba_jax import batch as batch_lib
   from tba_jax import config_builders, hf_checkpoints, sharding
-  from tba_jax.sampler import Sampler
+  from tba_jax.sampler import Buckets, Sampler, SamplingOptions
 
   c = gsm8k.get_config("cpu")
   s = c.sampler
@@ -61,9 +61,11 @@ def main():
   prompts = [tok.encode_prompt(task.prompt(p)) for p in task.train[:s.num_prompts_per_batch]
              for _ in range(s.num_samples_per_prompt)]
   key = jax.random.key(0)
-  kw = dict(max_new_tokens=s.max_new_tokens, temperature=s.temperature, eos_ids=tok.eos_ids,
-            pad_id=tok.pad_id, mesh=mesh, length_buckets=s.length_buckets)
-  shared, whole = Sampler(cfg, **kw), Sampler(cfg, share_prompts=False, **kw)
+  options = SamplingOptions(max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                            eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+  buckets = Buckets(length=s.length_buckets)
+  shared = Sampler(cfg, options, mesh=mesh, buckets=buckets)
+  whole = Sampler(cfg, options, mesh=mesh, buckets=buckets, share_prompts=False)
   out = shared(params, prompts, key)
   completions = [t[:n] for t, n in zip(out.tokens, out.lengths)]
   width = batch_lib.completion_width(int(out.lengths.max()), s.max_new_tokens, s.length_buckets)

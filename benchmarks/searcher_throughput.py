@@ -89,13 +89,13 @@ def _run_jax(engine: str, rows, num_rows: int, new_tokens: int, cfg, params, tok
              chunk_steps: int = 0, window_step: int = 0) -> dict:
   import jax
   from tba_jax import continuous, sampler
-  kw = dict(max_new_tokens=new_tokens, temperature=TEMPERATURE, eos_ids=tok.eos_ids,
-            pad_id=tok.pad_id)
+  options = sampler.SamplingOptions(max_new_tokens=new_tokens, temperature=TEMPERATURE,
+                                    eos_ids=tok.eos_ids, pad_id=tok.pad_id)
   key = jax.random.key(0)
   lengths, row_steps = [], 0
   c0, t0, cpu0, load0 = compiled(), time.perf_counter(), time.process_time(), os.getloadavg()[0]
   if engine == "streaming":
-    stream = continuous.Stream(sampler.Sampler(cfg, **kw), params, key, num_slots=num_rows,
+    stream = continuous.Stream(sampler.Sampler(cfg, options), params, key, num_slots=num_rows,
                                max_prompt_len=max(map(len, rows)), chunk_steps=chunk_steps,
                                window_step=window_step)
     stream.add(rows, range(len(rows)))
@@ -105,7 +105,7 @@ def _run_jax(engine: str, rows, num_rows: int, new_tokens: int, cfg, params, tok
     extra = dict(chunks=stream.stats.chunks, refills=stream.stats.refills,
                  prefilled_prompts=stream.stats.prefilled_prompts)
   else:
-    s = sampler.Sampler(cfg, **kw)
+    s = sampler.Sampler(cfg, options)
     for b in range(0, len(rows), num_rows):
       out = s(params, rows[b:b + num_rows], jax.random.fold_in(key, b))
       lengths.extend(out.lengths.tolist())

@@ -39,9 +39,9 @@ def measure(cfg, rm_cfg, *, prompts: int, samples: int, prompt_len: int, new_tok
 
   from tba_jax import batch as batch_lib
   from tba_jax import model, sharding, weight_sync
-  from tba_jax.sampler import Sampler
+  from tba_jax.sampler import Sampler, SamplingOptions
   from tba_jax.rows import StaticRows
-  from tba_jax.searcher import PromptStream, Searcher
+  from tba_jax.searcher import PromptShard, Scoring, Searcher
   from tba_jax.tasks import Problem, RewardBatch, tldr
 
   mesh = sharding.make_mesh("searcher", jax.devices()[:1])
@@ -55,13 +55,15 @@ def measure(cfg, rm_cfg, *, prompts: int, samples: int, prompt_len: int, new_tok
   rng = np.random.default_rng(0)
   ids = list(range(prompts))
   prompt_tokens = {i: [int(t) for t in rng.integers(2, cfg.vocab_size, prompt_len)] for i in ids}
-  sampler = Sampler(cfg, max_new_tokens=new_tokens, temperature=0.7, pad_id=1, mesh=mesh)
+  sampler = Sampler(cfg, SamplingOptions(max_new_tokens=new_tokens, temperature=0.7, pad_id=1),
+                    mesh=mesh)
+  problems = {i: Problem(i, {"query": ""}) for i in ids}
+  reward = RandomReward("random", no_eos_reward=-1.0, pad_id=1).build(mesh)
   searcher = Searcher(
-      0, rows=StaticRows(sampler), ref_params=ref_params, mailbox=weight_sync.Mailbox(0, policy),
-      stream=PromptStream(ids, seed=0), prompt_tokens=prompt_tokens,
-      problems={i: Problem(i, {"query": ""}) for i in ids}, decode=lambda c: "",
-      reward=RandomReward("random", no_eos_reward=-1.0, pad_id=1).build(mesh),
-      num_prompts=prompts, num_samples=samples, max_prompt_len=max_prompt_len, seed=0)
+      0, rows=StaticRows(sampler), mailbox=weight_sync.Mailbox(0, policy),
+      prompts=PromptShard(ids, prompt_tokens, problems, max_prompt_len),
+      scoring=Scoring(reward, lambda c: "", ref_params),
+      num_prompts=prompts, num_samples=samples, seed=0)
   rows = [prompt_tokens[i] for i in ids for _ in range(samples)]
   out = sampler(policy, rows, jax.random.key(0))
   completions = [out.tokens[r, :out.lengths[r]] for r in range(len(rows))]

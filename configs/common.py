@@ -181,7 +181,7 @@ def base() -> ml_collections.ConfigDict:
       moments_dtype=key("float32", ("float32", "bfloat16")),
       # gradient accumulation; each micro-batch holds whole prompts
       num_microbatches=key(1, ">= 1"),
-      # update-size control (tba_jax/train_step.py, DriftControl): "none" = the schedule's lr;
+      # update-size control (tba_jax/optim.py, DriftControl): "none" = the schedule's lr;
       # "drift" = the schedule's lr times a scale in [lr_min / learning_rate, 1], adapted after
       # every update to keep what it did to the policy (the batch's mean |log pi_new(y) -
       # log pi_old(y)| per sequence, metrics update_drift; one more forward per update) near

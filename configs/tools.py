@@ -30,7 +30,7 @@ comma-separated stop strings; hermes stops at "</tool_call>"), `bare_calls` (tag
 `score` (what the reward reads: "last_turn", the model's own final turn, or "transcript",
 every turn and reply). sampler.max_new_tokens bounds the whole
 trajectory, replies included.
-Static and streaming searchers (sampler.num_slots > 0: a turns.TurnPool) both run turns.
+Static and streaming searchers (sampler.num_slots > 0: a continuous.Stream with replies) both run turns.
 """
 from configs import common, gsm8k
 from tba_jax.choices import TOOL_CALL_FORMATS, TOOL_SCORES

@@ -8,7 +8,7 @@ r"""TBA red-teaming: an attacker learns diverse prompts that make a victim reply
 The recipes are in configs/redteam.py; the flags and outputs are the GSM8K job's
 (experiments/launch.py), and at the end WORKDIR/successful_attacks.txt lists the
 successful attacks of the last evaluation with the victim's replies
-(tasks/redteam.py attack_report). Rerunning with the same --workdir resumes.
+(tasks/redteam_report.py). Rerunning with the same --workdir resumes.
 
 task.redteam.attacker_sft (the `cpu` recipes): before training, the attacker's SFT
 warm-up, a configs/sft.py recipe run from model.path into WORKDIR/attacker_sft
@@ -64,13 +64,13 @@ def check(config) -> None:
 
 def train_and_report(config, workdir: str) -> None:
   import jax  # here, not at the top: launch sets up the devices before JAX starts
-  from tba_jax import loop
-  from tba_jax.tasks import redteam
+  from tba_jax import loop, run_evaluation
+  from tba_jax.tasks import redteam_report
   if config.task.redteam.attacker_sft:
     config.model.path = warm_up(config.task.redteam.attacker_sft, config.model.path, workdir)
   loop.run(config, workdir)
   if jax.process_index() == 0:
-    path = redteam.write_report(workdir, loop.SAMPLES_DIR)
+    path = redteam_report.write_report(workdir, run_evaluation.SAMPLES_DIR)
     if path:
       print(f"The successful attacks, with the victim's replies: {path}")
 

@@ -87,7 +87,7 @@ BUILT_IN_ROWS = [{"prompt": "List:\n1.", "completion": " Say hi"},
 def train(c, rows: list[dict], out: str | None) -> list[float]:
   """Fine-tunes the model of config `c` (configs/sft.py) on `rows`; returns the loss of
   every step (writes the model to `out`)."""
-  from tba_jax import config_builders, hf_checkpoints, run_config, sharding, train_step
+  from tba_jax import config_builders, hf_checkpoints, optim, run_config, sharding, train_step
   from tba_jax.batch import Layout
   tok = config_builders.load_tokenizer(c.model)
   mesh = sharding.make_mesh("trainer", jax.local_devices())
@@ -96,15 +96,16 @@ def train(c, rows: list[dict], out: str | None) -> list[float]:
   # Fixed shapes, one compile: every row padded to the longest prompt / completion.
   layout = Layout(max(map(len, prompts)), max(map(len, completions)), tok.pad_id)
   o, steps = c.optim, c.num_train_steps
-  lr = train_step.warmup_linear(o.learning_rate, o.warmup_steps, max(steps, o.warmup_steps))
-  optimizer = train_step.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None)
+  lr = optim.warmup_linear(o.learning_rate, o.warmup_steps, max(steps, o.warmup_steps))
+  optimizer = optim.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None)
   state = train_step.init_state(params, optimizer,
                                 train_step.state_shardings(cfg, optimizer, mesh))
   del params
-  update = train_step.make_update(cfg, optimizer, sft_loss,
-                                  lambda u: jnp.ones((), jnp.float32), mesh, temperature=1.0,
-                                  num_microbatches=o.num_microbatches, lr_schedule=lr,
-                                  dropout=c.model.dropout, dropout_seed=c.seed)
+  # beta is unread by sft_loss; the log-probs untempered.
+  objective = train_step.Objective(sft_loss, lambda u: jnp.ones((), jnp.float32), 1.0)
+  forward = train_step.Forward(num_microbatches=o.num_microbatches, dropout=c.model.dropout,
+                               dropout_seed=c.seed)
+  update = train_step.make_update(cfg, optimizer, objective, mesh, forward=forward, lr_schedule=lr)
   shardings = train_step.batch_shardings(mesh)
   rng = np.random.default_rng(c.seed)
   order, position, losses = rng.permutation(len(rows)), 0, []

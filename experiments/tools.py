@@ -25,8 +25,9 @@ def _environment(task, tokenizer=None):
   """The environment of task.tools (`tokenizer`: its template's format; None: the tag's)."""
   t = task.tools
   try:
-    return tool_use.environment(t.tool, max_turns=t.max_turns, max_turn_tokens=t.max_turn_tokens,
-                                max_reply_tokens=t.max_reply_tokens, timeout_s=t.timeout_s,
+    return tool_use.environment(tool_use.tool(t.tool, t.timeout_s), max_turns=t.max_turns,
+                                max_turn_tokens=t.max_turn_tokens,
+                                max_reply_tokens=t.max_reply_tokens,
                                 num_workers=t.num_workers, score=t.score,
                                 stop=tuple(t.stop.split(",")), bare_calls=t.bare_calls,
                                 call_format=_call_format(task, tokenizer), tokenizer=tokenizer)

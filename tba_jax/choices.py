@@ -40,7 +40,7 @@ TASKS = dict.fromkeys(("gsm8k", "math", "arithmetic", "tldr", "redteam"))
 LOSSES = dict.fromkeys(("tb", "rloo", "grpo", "ratio"))
 # optim.schedule -> fn(optim section, num_train_steps) -> lr(u)
 SCHEDULES = dict.fromkeys(("wsd", "linear", "cosine", "constant"))
-# optim.lr_control -> fn(optim section) -> train_step.DriftControl or None
+# optim.lr_control -> fn(optim section) -> optim.DriftControl or None
 LR_CONTROLS = dict.fromkeys(("none", "drift"))
 
 

@@ -11,7 +11,7 @@ is written twice and a name without a builder stops the import:
              (an experiment adds its own: experiments/launch.main(..., tasks=...))
   LOSSES     loss.name -> fn(loss section) -> train_step.LossFn
   SCHEDULES  optim.schedule -> fn(optim section, num_train_steps) -> lr(u)
-  LR_CONTROLS optim.lr_control -> fn(optim section) -> train_step.DriftControl or None
+  LR_CONTROLS optim.lr_control -> fn(optim section) -> optim.DriftControl or None
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ import os
 import jax
 import optax
 
-from tba_jax import choices, faults, lora, losses, paged_kv, train_step, verifiers, weight_sync
+from tba_jax import (choices, faults, lora, losses, optim, paged_kv, train_step, verifiers,
+                     weight_sync)
 from tba_jax.batch import Layout
 from tba_jax.errors import ConfigError, DataError
 from tba_jax.evaluation import Evaluator
@@ -31,10 +32,10 @@ from tba_jax.model_builders import (  # noqa: F401 (re-exported: a run is built 
     check_model_path, evaluation_mesh, load_model, load_policy, load_tokenizer, lora_config,
     meshes, model_path, publisher, use_cpu_devices)
 from tba_jax.replay_buffer import ReplayBuffer
-from tba_jax.sampler import Sampler
+from tba_jax.sampler import Buckets, Sampler, SamplingOptions
 from tba_jax.schedule import Schedule
 from tba_jax.rows import StaticRows
-from tba_jax.searcher import Exploration, PromptStream, Searcher
+from tba_jax.searcher import Exploration, PromptShard, Scoring, Searcher
 from tba_jax.searcher_pool import SearcherPool
 from tba_jax.streaming import StreamingRows
 from tba_jax.target_distance import TargetDistance
@@ -179,11 +180,9 @@ TASKS = choices.fill(choices.TASKS, {
     "redteam": _redteam_task})
 
 
-def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig, meshes, *,
-                  publish, params, reference, prompt_tokens: dict[int, list[int]],
-                  max_prompt_len: int, seed: int, max_restarts: int,
-                  fault_plan: faults.Plan | None = None, in_flight_updates: bool = True, mismatch_every: int = 0,
-                  schedule: Schedule = Schedule()) -> SearcherPool:
+def searcher_pool(config, task: Task, tokenizer, model_config: ModelConfig, meshes, *,
+                  publish, params, reference=None, schedule: Schedule = Schedule(),
+                  fault_plan: faults.Plan | None = None) -> SearcherPool:
   """This process's searchers, one per mesh, with the task's reward stage built on each.
 
   `publish(params, i)` places params on searcher i's devices; `params` are the trainer's
@@ -192,22 +191,27 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
   samples its own shard of the training prompts (a global stride over every
   process's searchers); `schedule`: how they run beside the trainer (the mode, fixed
   here). `fault_plan`: failures on purpose (tba_jax/faults.py, a testing aid).
-  Their rows come from static batches, or with sampler.num_slots > 0 from a
-  continuous-batching pool (streaming.StreamingRows), which takes new weights between
-  decode chunks when `in_flight_updates` (sync.in_flight_updates).
+  Read from `config`: the sampler section, the searcher section (restarts, mismatch
+  checks), task.max_prompt_len (the prompts' budget), the seed, and
+  sync.in_flight_updates: the rows come from static batches, or with sampler.num_slots > 0
+  from a continuous-batching pool (streaming.StreamingRows), which then takes new weights
+  between decode chunks.
   """
-  s = sampler_cfg
+  s, max_prompt_len = config.sampler, config.task.max_prompt_len
+  # Ids are per split (the replay buffer's prompt ids are train ids).
+  prompt_tokens = encode_prompts(task.train, task, tokenizer, max_prompt_len)
   train_ids = [p.id for p in task.train]
   problems = {p.id: p for p in task.train}
   stage = as_stage(task.reward)
   num_shards = len(meshes) * jax.process_count()
+  options = SamplingOptions(
+      max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+      eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, min_new_tokens=s.min_new_tokens,
+      end_with_eos=s.end_with_eos)
   searchers = []
   for i, mesh in enumerate(meshes):
     shard = i + len(meshes) * jax.process_index()  # this searcher's global index
-    sampler = Sampler(model_config, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                      top_k=s.top_k, top_p=s.top_p, eos_ids=tokenizer.eos_ids,
-                      pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=s.min_new_tokens,
-                      end_with_eos=s.end_with_eos, length_buckets=s.length_buckets)
+    sampler = Sampler(model_config, options, mesh=mesh, buckets=Buckets(length=s.length_buckets))
     turns = (None if task.environment is None else  # replies read as plain text
              (task.environment, tokenizer.encode_text, tokenizer.decode))
     try:
@@ -219,8 +223,8 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
                                 else paged_kv.AUTO_MEMORY_FRACTION)
       pages = dict(kv_pages=auto if s.kv_pages == 0 else max(s.kv_pages, 0),
                    page_size=s.kv_page_size)
-      rows = (StreamingRows(sampler, num_slots=s.num_slots, in_flight_updates=in_flight_updates,
-                            turns=turns, **pages)
+      rows = (StreamingRows(sampler, num_slots=s.num_slots,
+                            in_flight_updates=config.sync.in_flight_updates, turns=turns, **pages)
               if s.num_slots else
               TurnRows(TurnSampler(sampler, *turns))
               if task.environment is not None else StaticRows(sampler))
@@ -238,17 +242,15 @@ def searcher_pool(sampler_cfg, task: Task, tokenizer, model_config: ModelConfig,
     else:
       ref, ref_config = first, None
     searchers.append(Searcher(
-        shard, rows=rows, ref_params=ref, ref_model_config=ref_config,
-        mailbox=weight_sync.Mailbox(0, first),
-        stream=PromptStream(train_ids[shard::num_shards], seed=seed + shard),
-        prompt_tokens=prompt_tokens, problems=problems, decode=tokenizer.decode,
-        reward=reward, num_prompts=s.num_prompts_per_batch,
-        num_samples=s.num_samples_per_prompt, max_prompt_len=max_prompt_len, seed=seed,
-        explore=Exploration(s.explore_prob, s.explore_low, s.explore_high),
-        mismatch_every=mismatch_every))
+        shard, rows=rows, mailbox=weight_sync.Mailbox(0, first),
+        prompts=PromptShard(train_ids[shard::num_shards], prompt_tokens, problems, max_prompt_len),
+        scoring=Scoring(reward, tokenizer.decode, ref, ref_config,
+                        mismatch_every=config.searcher.mismatch_every),
+        num_prompts=s.num_prompts_per_batch, num_samples=s.num_samples_per_prompt,
+        seed=config.seed, explore=Exploration(s.explore_prob, s.explore_low, s.explore_high)))
   return SearcherPool(searchers, publish=publish,
                       layout=Layout(max_prompt_len, s.max_new_tokens, tokenizer.pad_id),
-                      max_restarts=max_restarts, schedule=schedule)
+                      max_restarts=config.searcher.max_restarts, schedule=schedule)
 
 
 def replay_buffer(buffer_cfg, *, priority_beta: float, seed: int) -> ReplayBuffer:
@@ -269,8 +271,9 @@ def evaluator(eval_cfg, sampler_cfg, task: Task, tokenizer, model_config: ModelC
   prompt_tokens = list(encode_prompts(problems, task, tokenizer, max_prompt_len).values())
 
   def make_sampler(cfg=model_config, **kw):
-    sampler = Sampler(cfg, max_new_tokens=e.max_new_tokens, eos_ids=tokenizer.eos_ids,
-                      pad_id=tokenizer.pad_id, mesh=mesh, min_new_tokens=e.min_new_tokens, **kw)
+    sampler = Sampler(cfg, SamplingOptions(
+        max_new_tokens=e.max_new_tokens, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id,
+        min_new_tokens=e.min_new_tokens, **kw), mesh=mesh)
     if task.environment is None:
       return sampler
     # With turns: each row's problem found by its prompt's tokens (the env's reply sees it).
@@ -386,12 +389,12 @@ def _tempered(loss_cfg) -> bool:
 
 # optim.schedule -> fn(optim section, num_train_steps) -> lr(u).
 SCHEDULES = choices.fill(choices.SCHEDULES, {
-    "wsd": lambda o, n: train_step.warmup_stable_decay(o.learning_rate, o.warmup_steps,
-                                                       o.stable_steps, o.decay_steps, o.final_lr),
-    "linear": lambda o, n: train_step.warmup_linear(o.learning_rate, o.warmup_steps,
-                                                    o.linear_decay_steps or n, o.final_lr),
-    "cosine": lambda o, n: train_step.warmup_cosine(o.learning_rate, o.warmup_steps,
-                                                    o.decay_steps or n, o.final_lr),
+    "wsd": lambda o, n: optim.warmup_stable_decay(o.learning_rate, o.warmup_steps,
+                                                  o.stable_steps, o.decay_steps, o.final_lr),
+    "linear": lambda o, n: optim.warmup_linear(o.learning_rate, o.warmup_steps,
+                                               o.linear_decay_steps or n, o.final_lr),
+    "cosine": lambda o, n: optim.warmup_cosine(o.learning_rate, o.warmup_steps,
+                                               o.decay_steps or n, o.final_lr),
     "constant": lambda o, n: lambda step: o.learning_rate,
 })
 
@@ -404,11 +407,11 @@ def lr_schedule(o, num_steps: int):
   return SCHEDULES[o.schedule](o, num_steps)
 
 
-# optim.lr_control -> fn(optim section) -> train_step.DriftControl, or None: the schedule's lr
+# optim.lr_control -> fn(optim section) -> optim.DriftControl, or None: the schedule's lr
 # alone. "drift": lr(u) x a scale in [lr_min / learning_rate, 1] kept where each update's mean
-# |change of log pi(y)| per sequence is near drift_target (train_step.DriftControl).
+# |change of log pi(y)| per sequence is near drift_target (optim.DriftControl).
 LR_CONTROLS = choices.fill(choices.LR_CONTROLS, {
     "none": lambda o: None,
-    "drift": lambda o: train_step.DriftControl(o.drift_target, o.lr_min / o.learning_rate,
-                                               o.drift_gain),
+    "drift": lambda o: optim.DriftControl(o.drift_target, o.lr_min / o.learning_rate,
+                                          o.drift_gain),
 })

@@ -25,10 +25,10 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from tba_jax import hf_layouts, lora
+from tba_jax import blocks, hf_layouts, lora
 from tba_jax import model as model_lib
 from tba_jax.gguf_weights import GGUFWeights
-from tba_jax.hf_layouts import config_from_hf, config_to_hf  # noqa: F401 (config_to_hf: public here too)
+from tba_jax.hf_configs import config_from_hf, config_to_hf  # noqa: F401 (config_to_hf: public here too)
 from tba_jax.model import EncoderConfig, ModelConfig, Params
 
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
@@ -346,7 +346,7 @@ def peft_tensors(cfg: ModelConfig, adapters: Params) -> tuple[dict[str, np.ndarr
         raise RuntimeError(f"adapter {name} covers {kernels}; the HF module holds {spec.leaves}")
       module = spec.hf.removesuffix(".weight")  # e.g. model.layers.{i}.self_attn.q_proj
       in_order, out_order = _hf_order(spec, [shapes[which][k].shape[1:] for k in kernels],
-                                      model_lib.input_dims(kernels[0]), conv1d)
+                                      blocks.input_dims(kernels[0]), conv1d)
       a = np.asarray(jax.device_get(adapters["layers"][which][name]["lora_a"]))  # [L, in, R]
       b = np.asarray(jax.device_get(adapters["layers"][which][name]["lora_b"]))  # [L, R, out]
       for i in range(cfg.num_layers):

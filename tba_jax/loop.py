@@ -39,19 +39,20 @@ import jax
 import numpy as np
 import tqdm
 
-from tba_jax import config_checks, distributed, faults, hf_checkpoints, interrupts, lora, model
+from tba_jax import config_checks, distributed, faults, hf_checkpoints, interrupts, lora, optim
 from tba_jax import batch as batch_lib
-from tba_jax import metrics, run_config, run_info, sharding, train_step
+from tba_jax import run_config, run_info, train_step
 from tba_jax import config_builders as build
 from tba_jax import verifiers, weight_sync
 from tba_jax.checkpoint import Checkpointer
 from tba_jax.errors import UserError
-from tba_jax.metrics import LatestFractionWatch, MetricsWriter, PeakWatch
+from tba_jax.metrics import LatestFractionWatch, MetricsWriter
 from tba_jax.model import ModelConfig
 from tba_jax.replay_buffer import ReplayBuffer
+from tba_jax.run_checkpoints import RunCheckpoints, abstract, buffer_summary
+from tba_jax.run_evaluation import RunEvaluation
 from tba_jax.schedule import Schedule, due
 from tba_jax.searcher_pool import SearcherError, SearcherPool
-from tba_jax.target_distance import StepTarget
 from tba_jax.tasks import Task
 
 __all__ = ["run", "export_checkpoint", "SearcherError", "FINISHED_FILE"]
@@ -61,8 +62,6 @@ __all__ = ["run", "export_checkpoint", "SearcherError", "FINISHED_FILE"]
 FINISHED_FILE = "finished.json"
 # With LoRA, the export's subdirectory holding the adapter in PEFT's format.
 ADAPTER_DIR = "adapter"
-# eval.save_samples: every evaluation's completions, WORKDIR/eval_samples/step_NNNNNN.jsonl.
-SAMPLES_DIR = "eval_samples"
 # After a stop request, how long the run waits for a searcher thread to see it.
 _STOP_JOIN_S = 1.0
 
@@ -82,13 +81,8 @@ def run(config, workdir: str, task: Task | None = None,
   config_dict = c.to_dict()
   is_main = jax.process_index() == 0
   checkpoints = os.path.join(workdir, "checkpoints")
-  finished = _finished(workdir)
-  if finished is not None and finished["step"] >= c.num_train_steps:
-    # Refuses as a resume would when the config changed what the run computes.
-    Checkpointer(checkpoints, c.checkpoint.max_to_keep).check_config(config_dict)
-    print(f"{workdir}: this run finished at step {finished['step']} (final evaluation"
-          f"{' and export' if c.export else ''} done); nothing to do. Raise num_train_steps "
-          "to train on.")
+  finished = _finished(c, workdir, config_dict)
+  if finished is not None:
     return finished
   build.check_model_path(c.model)
 
@@ -97,11 +91,7 @@ def run(config, workdir: str, task: Task | None = None,
   tokenizer = build.load_tokenizer(c.model)
   task = task or build.build_task(c.task, tokenizer)
   task.check(c.eval.split)
-  master32 = c.optim.master_weights_fp32 and c.model.dtype == "bfloat16"
-  # params: what the trainer trains (the whole model, or LoRA adapters over the frozen base).
-  model_cfg, params, base = build.load_policy(c.model, tokenizer,
-                                              "float32" if master32 else c.model.dtype,
-                                              trainer_mesh, c.seed)
+  model_cfg, params, base = _load_policy(c, tokenizer, trainer_mesh)
   # Searchers (and evaluation) run in the published dtype, not the float32 of master
   # weights: their activations and KV cache are bfloat16 on accelerators.
   searcher_dtype = c.sync.weights_dtype or c.model.dtype
@@ -122,13 +112,8 @@ def run(config, workdir: str, task: Task | None = None,
   reference = (weight_sync.snapshot(state.params, searcher_dtype)
                if c.loss.ref_reset_every else None)
   pool = build.searcher_pool(
-      c.sampler, task, tokenizer, searcher_cfg, searcher_meshes, publish=publish,
-      params=state.params, reference=reference,
-      # Ids are per split (the replay buffer's prompt ids are train ids).
-      prompt_tokens=build.encode_prompts(task.train, task, tokenizer, c.task.max_prompt_len),
-      max_prompt_len=c.task.max_prompt_len, seed=c.seed, max_restarts=c.searcher.max_restarts,
-      fault_plan=fault_plan, in_flight_updates=c.sync.in_flight_updates,
-      mismatch_every=c.searcher.mismatch_every,
+      c, task, tokenizer, searcher_cfg, searcher_meshes, publish=publish, params=state.params,
+      reference=reference, fault_plan=fault_plan,
       schedule=Schedule.of(mode, c.sync.every, b.num_prompts, b.m, c.sync.paced))
   evaluator = build.evaluator(c.eval, c.sampler, task, tokenizer, searcher_cfg, eval_mesh,
                               c.task.max_prompt_len, progress=is_main,
@@ -139,8 +124,8 @@ def run(config, workdir: str, task: Task | None = None,
                                                     c.eval.split: evaluator.problems})
 
   # ----- Resume -------------------------------------------------------------------
-  saves = _Checkpoints(Checkpointer(checkpoints, c.checkpoint.max_to_keep), config_dict, pool,
-                       global_buffer)
+  saves = RunCheckpoints(Checkpointer(checkpoints, c.checkpoint.max_to_keep), config_dict, pool,
+                         global_buffer)
   start_step, elapsed, state, reference = saves.resume(state, reference)
   if is_main:  # the config the workdir's checkpoints accepted, for `--config W/config.yaml`
     run_config.write(workdir, config_dict)
@@ -148,9 +133,9 @@ def run(config, workdir: str, task: Task | None = None,
   # ----- Run state: metrics, evaluation, checkpoints, stop requests ----------------------
   setup = run_info.describe(
       c, trainer_mesh=trainer_mesh, searcher_meshes=searcher_meshes, mode=mode,
-      model_config=model_cfg, num_params=model.count_params(lora.base_config(model_cfg)),
-      task=task, num_eval_problems=len(evaluator.problems), start_step=start_step,
-      beta_at=lambda done: float(beta(done)), lr_at=lambda done: float(lr(done)))
+      model_config=model_cfg, task=task, num_eval_problems=len(evaluator.problems),
+      start_step=start_step, beta_at=lambda done: float(beta(done)),
+      lr_at=lambda done: float(lr(done)))
   if unparseable:
     setup["task"]["unparseable_golds"] = unparseable
   writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard,
@@ -160,8 +145,8 @@ def run(config, workdir: str, task: Task | None = None,
     print(run_info.banner(setup, workdir), flush=True)
   writer.start_segment(start_step, setup)
   saves.writer = writer  # its clock is saved with every checkpoint
-  evaluate = _Evaluation(c, workdir, task, evaluator, pool, publish, meshes.index(eval_mesh),
-                         eval_mesh, writer, is_main)
+  evaluate = RunEvaluation(c, workdir, task, evaluator, pool, publish, meshes.index(eval_mesh),
+                           eval_mesh, writer, is_main)
   stop = interrupts.StopRequest(saves.checkpointer.directory).install()
   stopping = lambda: bool(stop.signum)  # this process's request, for the evaluator
   stop_here = fault_plan and fault_plan.process_stop(jax.process_index())  # a testing aid
@@ -199,15 +184,7 @@ def run(config, workdir: str, task: Task | None = None,
       if pool.before_step(step, global_buffer):  # alternate: a window's round
         raise saves.gave_up(state, reference)
       t0 = time.perf_counter()
-      batch, info = global_buffer.sample(
-          b.num_prompts, b.samples_per_prompt, b.m, layout=pool.layout,
-          include_eos=c.loss.include_eos, reward_tau=b.reward_tau,
-          reward_weight=b.reward_weight, reuse_latest=b.reuse_latest)
-      batch = batch_lib.trim_completions(batch, c.sampler.length_buckets)
-      if b.samples_per_prompt > 1 and not batch_lib.shares_prompts(
-          batch.tokens, batch.attention_mask, batch.prompt_len, b.samples_per_prompt):
-        raise AssertionError("a batch slot's rows do not share their prompt (the update "
-                             "runs each slot's prompt once)")
+      batch, info = _sample(global_buffer, c, pool.layout)
       # Staleness enters here: the trainer's version minus each sample's.
       staleness = int(state.step) - batch.versions
       state, m = update(state, _to_global(batch, batch_shardings))
@@ -272,12 +249,11 @@ def run(config, workdir: str, task: Task | None = None,
     final = evaluate(state.params, last, final=True)
     if c.export:
       _export(model_cfg.replace(dtype=c.model.dtype), state.params, tokenizer,
-              os.path.join(workdir, "export"), is_main, base=base,
-              base_model=None if c.model.path == "random" else build.model_path(c.model.path))
+              os.path.join(workdir, "export"), is_main, base=base, base_model=_base_model(c))
     if is_main:
       _write_json(os.path.join(workdir, FINISHED_FILE), {"step": last, **final})
       print(f"Finished at step {last}: {evaluate.summary(final)}")
-    return {"step": last, **final, **_buffer_summary(global_buffer)}
+    return {"step": last, **final, **buffer_summary(global_buffer)}
   except (SearcherError, FloatingPointError):
     raise  # raised by every process at the same step
   except Exception as e:
@@ -301,86 +277,24 @@ def _trainer(c, model_cfg: ModelConfig, params, base, task: Task, trainer_mesh):
   """(train state, update(state, batch), beta(u), lr(u)) from the config's optim and loss."""
   o = c.optim
   lr = build.lr_schedule(o, c.num_train_steps)  # the lr of update u (1-based, as the authors)
-  optimizer = train_step.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None, o.b1, o.b2,
-                                        moments_dtype=o.moments_dtype)
+  optimizer = optim.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None, o.b1, o.b2,
+                                   moments_dtype=o.moments_dtype)
   log_z = build.learned_log_z(c.loss, task)
   control = build.LR_CONTROLS[o.lr_control](o)  # None, or a DriftControl
   state = train_step.init_state(
       params, optimizer,
       train_step.state_shardings(model_cfg, optimizer, trainer_mesh, log_z, control), log_z)
   beta = build.beta_schedule(c.loss)
-  train = train_step.make_update(
-      model_cfg, optimizer, build.loss_fn(c.loss), beta, trainer_mesh,
-      temperature=c.sampler.temperature, compute_dtype=c.model.dtype,
-      num_microbatches=o.num_microbatches, remat=c.model.remat, lr_schedule=lr,
-      ref_weight_schedule=build.ref_weight_schedule(c.loss), learned_log_z=log_z,
-      dropout=c.model.dropout, dropout_seed=c.seed, prompt_group=c.buffer.samples_per_prompt,
-      drift_control=control)
+  objective = train_step.Objective(build.loss_fn(c.loss), beta, c.sampler.temperature,
+                                   build.ref_weight_schedule(c.loss))
+  forward = train_step.Forward(
+      dtype=c.model.dtype, num_microbatches=o.num_microbatches, remat=c.model.remat,
+      prompt_group=c.buffer.samples_per_prompt, dropout=c.model.dropout, dropout_seed=c.seed)
+  train = train_step.make_update(model_cfg, optimizer, objective, trainer_mesh, forward=forward,
+                                 lr_schedule=lr, learned_log_z=log_z, drift_control=control)
   # LoRA: every update also reads the frozen base (never donated, never rebound).
   update = (lambda state, batch: train(state, batch, base)) if base else train
   return state, update, beta, lr
-
-
-class _Checkpoints:
-  """The run's checkpoints: resume, save, and the two ways a run stops after a save.
-
-  The checkpointed tree is the train state, or with reference resets (a reference, not
-  None) (state, reference); loss.ref_reset_every is part of the config a resume must
-  match, so the structure always fits."""
-
-  def __init__(self, checkpointer: Checkpointer, config_dict: dict, pool: SearcherPool,
-               buffer: ReplayBuffer):
-    self.checkpointer, self.config_dict, self.pool, self.buffer = (checkpointer, config_dict,
-                                                                   pool, buffer)
-    self.writer: MetricsWriter | None = None  # set once the run's writer exists
-
-  def resume(self, state, reference):
-    """(start step, wall time of earlier segments, state, reference) of the newest
-    checkpoint, its buffer and searcher state loaded; (0, 0.0, ...) as given without one."""
-    tree = state if reference is None else (state, reference)
-    restored = self.checkpointer.restore(jax.tree.map(_abstract, tree), self.config_dict)
-    if restored is None:
-      return 0, 0.0, state, reference
-    step, meta = restored.step, restored.meta
-    state, reference = (restored.train_state, None) if reference is None else \
-        restored.train_state
-    self.buffer.load_state_dict(restored.buffer)
-    # The searchers' unmerged entries go back to their local buffers: the next sync merges
-    # them, as it would have without the interruption.
-    self.pool.load_snapshot(restored.unmerged, meta["searchers"])
-    self.pool.publish(step, state.params)
-    if reference is not None:
-      self.pool.set_reference(reference)
-    print(f"Resumed from step {step} ({len(self.buffer)} buffer entries, "
-          f"{len(restored.unmerged)} searcher entries not merged yet).")
-    return step, meta.get("wall_time", 0.0), state, reference  # (absent in older versions)
-
-  def save(self, step: int, state, reference) -> None:
-    # Every process takes part: orbax writes the global arrays collectively. The searchers
-    # keep sampling: the snapshot copies their committed entries and cursors.
-    unmerged, searchers = self.pool.snapshot()
-    self.checkpointer.save(
-        step, state if reference is None else (state, reference), self.buffer.state_dict(),
-        {"step": step, "searchers": searchers, "wall_time": self.writer.elapsed()},
-        self.config_dict, unmerged=unmerged)
-
-  def preempted(self, step: int, signum: int, state, reference) -> dict:
-    """SIGTERM or Ctrl-C on any process: every process saves this step and returns."""
-    self.save(step, state, reference)
-    print(interrupts.saved_message(signum, step, self.checkpointer.directory,
-                                   jax.process_count()), flush=True)
-    return {"step": step, "terminated": True, "signal": interrupts.NAMES[signum],
-            **_buffer_summary(self.buffer)}
-
-  def gave_up(self, state, reference) -> SearcherError:
-    """A searcher gave up (every process knows it): save, then the run's error."""
-    self.save(int(state.step), state, reference)
-    return self.pool.error(int(state.step))
-
-  def diverged(self, m: dict, step: int) -> FloatingPointError:
-    return FloatingPointError(
-        f"loss is {m['loss']} at step {step} (grad_norm={m['grad_norm']}); stopping "
-        f"without saving. The checkpoints in {self.checkpointer.directory} are intact.")
 
 
 def _reset_reference(done: int, params, dtype: str, pool: SearcherPool, buffer: ReplayBuffer,
@@ -395,74 +309,6 @@ def _reset_reference(done: int, params, dtype: str, pool: SearcherPool, buffer: 
     tqdm.tqdm.write(f"step {done}: reference reset; {len(buffer)} buffer entries keep "
                     "log-probs of the previous reference")
   return reference
-
-
-class _Evaluation:
-  """evaluate(params, step): the evaluator's scores, written with their time; the headline
-  metrics against the starting policy's on the progress output, and a warning when the
-  first (higher is better) falls well below its peak."""
-
-  def __init__(self, c, workdir, task, evaluator, pool: SearcherPool, publish, eval_index,
-               eval_mesh, writer: MetricsWriter, is_main: bool):
-    self.c, self.workdir, self.task, self.evaluator, self.pool = c, workdir, task, evaluator, pool
-    self.publish, self.eval_index, self.eval_mesh = publish, eval_index, eval_mesh
-    self.writer, self.is_main = writer, is_main
-    self.headline = [m.key for m in task.headline]
-    self.peak_watch = PeakWatch(f"held-out {self.headline[0]}") if self.headline else None
-    # Step 0's scores, maybe logged by an earlier segment of this run.
-    self.first = metrics.evaluation(writer.path, 0) if is_main else {}
-
-  def __call__(self, params, step: int, wall_time: float | None = None, final: bool = False,
-               should_stop=None) -> dict | None:
-    """The scores (written, and said on the progress output), or None when `should_stop`
-    (Evaluator) ended the evaluation: nothing is written then."""
-    start = time.perf_counter()
-    reference = reference_config = None
-    # A task's metrics and the distance to TB's target read the searchers' reference.
-    if self.task.evaluation is not None or self.evaluator.target is not None:
-      reference_config, reference = self.pool.reference()  # with LoRA the base's config
-      if self.eval_index != 0:
-        reference = jax.device_put(reference, sharding.param_shardings(
-            reference_config, "searcher", self.eval_mesh))
-    key_at = lambda s: jax.random.fold_in(jax.random.key(self.c.seed + 1), s)
-    # TB's target of the update that made these params (step 0: of the first update). The
-    # reference is the policy of step 0 or of the latest reset (loss.ref_reset_every), made
-    # before this step's evaluation: at that step the params are the reference.
-    lo, u = self.c.loss, max(step, 1)
-    ref_weight = build.ref_weight_schedule(lo)
-    ref_step = step - step % lo.ref_reset_every if lo.ref_reset_every else 0
-    at = StepTarget(float(build.beta_schedule(lo)(u)),
-                    float(ref_weight(u)) if ref_weight else 1.0, ref_step, key_at(ref_step),
-                    at_reference=step == ref_step)
-    scores = self.evaluator(self.publish(params, self.eval_index), key_at(step),
-                            reference=reference, reference_config=reference_config,
-                            should_stop=should_stop, step_target=at)
-    if scores is None:
-      if self.is_main:
-        tqdm.tqdm.write(f"step {step}: evaluation abandoned after "
-                        f"{time.perf_counter() - start:.1f} s (stop request)")
-      return None
-    self.writer.write(step, {**scores, "eval_seconds": time.perf_counter() - start},
-                      wall_time=wall_time)
-    if self.is_main and self.c.eval.save_samples:
-      _write_samples(os.path.join(self.workdir, SAMPLES_DIR, f"step_{step:06d}.jsonl"),
-                     self.evaluator.samples)
-    if self.peak_watch is not None and self.headline[0] in scores:
-      warning = self.peak_watch(step, scores[self.headline[0]],
-                                scores.get(self.headline[0] + "_se", 0.0))
-      if warning and self.is_main:
-        tqdm.tqdm.write(warning)
-    if final or not self.is_main:
-      return scores  # the run says "Finished at step N: summary" after its export
-    if step == 0:
-      self.first = scores
-      print(f"step 0: {metrics.summary(self.headline, {}, scores)}", flush=True)
-    else:  # whether the run learns: the headline metrics since step 0
-      tqdm.tqdm.write(f"step {step}: {self.summary(scores)}")
-    return scores
-
-  def summary(self, scores: dict) -> str:
-    return metrics.summary(self.headline, self.first, scores)
 
 
 def _metrics_row(m: dict, batch, info: dict, staleness: np.ndarray, dt: float, busy: float,
@@ -487,43 +333,57 @@ def _metrics_row(m: dict, batch, info: dict, staleness: np.ndarray, dt: float, b
 # ---------------------------------------------------------------------------
 # Helpers.
 # ---------------------------------------------------------------------------
-def _buffer_summary(buffer: ReplayBuffer) -> dict:
-  """A digest of the buffer's state (equal on every host) and versions per searcher."""
-  import hashlib
-  state = buffer.state_dict()
-  digest = hashlib.sha256()
-  for k in sorted(state):
-    digest.update(k.encode() + np.ascontiguousarray(state[k]).tobytes())
-  versions = {}
-  for e in buffer.entries():
-    versions[e.searcher_id] = max(versions.get(e.searcher_id, 0), e.version)
-  return {"buffer_digest": digest.hexdigest(), "max_version_by_searcher": versions}
-
-
-def _abstract(x):
-  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-
-
 def _to_global(batch, shardings):
   """The same numpy batch on every process -> global arrays on the trainer mesh."""
   return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
                       batch, shardings)
 
 
-def _finished(workdir: str) -> dict | None:
+def _finished(c, workdir: str, config_dict: dict) -> dict | None:
+  """The finished run's FINISHED_FILE, said, when it reached num_train_steps; else None.
+  A changed config is refused as a resume would refuse it."""
   path = os.path.join(workdir, FINISHED_FILE)
   if not os.path.exists(path):
     return None
   with open(path) as f:
-    return json.load(f)
+    finished = json.load(f)
+  if finished["step"] < c.num_train_steps:
+    return None
+  checkpoints = os.path.join(workdir, "checkpoints")
+  Checkpointer(checkpoints, c.checkpoint.max_to_keep).check_config(config_dict)
+  print(f"{workdir}: this run finished at step {finished['step']} (final evaluation"
+        f"{' and export' if c.export else ''} done); nothing to do. Raise num_train_steps "
+        "to train on.")
+  return finished
 
 
-def _write_samples(path: str, rows: list[dict]) -> None:
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    for row in rows:
-      f.write(json.dumps(row) + "\n")
-  os.replace(path + ".tmp", path)
+def _load_policy(c, tokenizer, trainer_mesh):
+  """(model config, params, base) on the trainer mesh: params what the trainer trains (the
+  whole model, or LoRA adapters over the frozen base), float32 masters of a bfloat16 model
+  with optim.master_weights_fp32."""
+  master32 = c.optim.master_weights_fp32 and c.model.dtype == "bfloat16"
+  return build.load_policy(c.model, tokenizer, "float32" if master32 else c.model.dtype,
+                           trainer_mesh, c.seed)
+
+
+def _sample(buffer: ReplayBuffer, c, layout: batch_lib.Layout):
+  """(batch, info) of the step: the buffer's draw (the m rule), its completion columns cut
+  to their length bucket (sampler.length_buckets)."""
+  b = c.buffer
+  batch, info = buffer.sample(b.num_prompts, b.samples_per_prompt, b.m, layout=layout,
+                              include_eos=c.loss.include_eos, reward_tau=b.reward_tau,
+                              reward_weight=b.reward_weight, reuse_latest=b.reuse_latest)
+  batch = batch_lib.trim_completions(batch, c.sampler.length_buckets)
+  if b.samples_per_prompt > 1 and not batch_lib.shares_prompts(
+      batch.tokens, batch.attention_mask, batch.prompt_len, b.samples_per_prompt):
+    raise AssertionError("a batch slot's rows do not share their prompt (the update "
+                         "runs each slot's prompt once)")
+  return batch, info
+
+
+def _base_model(c) -> str | None:
+  """The export's LoRA base for PEFT: the model's path (None: a random model)."""
+  return None if c.model.path == "random" else build.model_path(c.model.path)
 
 
 def _write_json(path: str, value: dict) -> None:
@@ -543,23 +403,19 @@ def export_checkpoint(config, workdir: str, out_dir: str) -> int:
     raise UserError(f"{workdir} holds no checkpoints/ to export (is it a run's workdir?)")
   trainer_mesh, _, _ = build.meshes(c.mesh, c.sync.mode)
   tokenizer = build.load_tokenizer(c.model)
-  master32 = c.optim.master_weights_fp32 and c.model.dtype == "bfloat16"
-  model_cfg, params, base = build.load_policy(c.model, tokenizer,
-                                              "float32" if master32 else c.model.dtype,
-                                              trainer_mesh, c.seed)
+  model_cfg, params, base = _load_policy(c, tokenizer, trainer_mesh)
   task = build.build_task(c.task, tokenizer)
   state, _, _, _ = _trainer(c, model_cfg, params, base, task, trainer_mesh)
   tree = state if not c.loss.ref_reset_every else (
       state, weight_sync.snapshot(state.params, c.sync.weights_dtype or c.model.dtype))
   checkpointer = Checkpointer(checkpoints, c.checkpoint.max_to_keep)
-  restored = checkpointer.restore(jax.tree.map(_abstract, tree), c.to_dict())
+  restored = checkpointer.restore(jax.tree.map(abstract, tree), c.to_dict())
   checkpointer.close()
   if restored is None:
     raise UserError(f"{checkpoints} holds no checkpoint that restores")
   state = restored.train_state if not c.loss.ref_reset_every else restored.train_state[0]
   _export(model_cfg.replace(dtype=c.model.dtype), state.params, tokenizer, out_dir,
-          jax.process_index() == 0, base=base,
-          base_model=None if c.model.path == "random" else build.model_path(c.model.path))
+          jax.process_index() == 0, base=base, base_model=_base_model(c))
   return restored.step
 
 

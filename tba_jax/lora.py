@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from tba_jax import blocks
 from tba_jax import model as model_lib
 from tba_jax.model import ModelConfig, Params
 
@@ -104,7 +105,7 @@ def _deltas(cfg: ModelConfig, adapters: Params):
       a, b = adapters["layers"][which][name]["lora_a"], adapters["layers"][which][name]["lora_b"]
       delta = cfg.lora.scale * jnp.einsum("LIR,LRO->LIO", a.astype(jnp.float32),
                                           b.astype(jnp.float32))
-      n_in = model_lib.input_dims(kernels[0])
+      n_in = blocks.input_dims(kernels[0])
       sizes = np.cumsum([math.prod(shapes[which][k].shape[1 + n_in:]) for k in kernels])[:-1]
       for k, d in zip(kernels, jnp.split(delta, sizes, axis=-1)):
         yield which, k, d.reshape(shapes[which][k].shape)

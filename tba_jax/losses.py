@@ -1,6 +1,7 @@
-"""Objectives: sequence log-probs, the VarGrad trajectory-balance loss, baselines.
+"""Objectives: the VarGrad trajectory-balance loss, beta schedules, baselines.
 
-Pure functions of arrays (no config objects), jit-safe with static shapes.
+Pure functions of arrays (no config objects), jit-safe with static shapes; the
+log-probs they are written on come from logprobs.py.
 Inputs are flat over the N = P prompts x R samples of a batch; which group (the
 samples of one prompt whose log Z or baseline is shared: in the runtime, a batch
 slot, tba_jax/batch.py) a sequence belongs to is given by `group_ids` (any
@@ -18,14 +19,13 @@ with A_j = r_j - beta log(pi_theta / pi_ref)(y_j) minus its per-prompt mean:
 mean-baseline REINFORCE on the KL-penalised reward (paper appendix A).
 
 Switches (each defaults to the TBA paper's behaviour):
-- EOS token counted in log pi: `completion_mask(..., include_eos=True)`. The
-  authors' code drops it when pad == eos; a clean setup counts it.
-- Importance-weight cap: `trajectory_balance(..., ratio_clip=c)` weights each
+- EOS token counted in log pi: `logprobs.completion_mask(..., include_eos=True)`.
+- Importance-weight cap: `TBSwitches(ratio_clip=c)` weights each
   squared residual by stopgrad(min(pi_theta / pi_behaviour, c)). Default None: TBA
   itself uses no importance weights, and neither does TBA-prime's TB (bbartoldson/
   tba-prime at 115573d: its cap of 8 is the per-token ratio loss's, `ratio` below).
   (For the RLOO and GRPO baselines `ratio_clip` is PPO's eps instead.)
-- Residual cap: `trajectory_balance(..., residual_clip=c)` takes the Huber loss of each
+- Residual cap: `TBSwitches(residual_clip=c)` takes the Huber loss of each
   residual (its square within +-c, linear beyond), so a sequence's gradient weight is
   2 clip(residual, -c, c): a wrong completion sampled where the policy is mostly right
   (residual about r / beta) pushes as hard as one c nats off, not 20. log Z is then the
@@ -47,7 +47,7 @@ Switches (each defaults to the TBA paper's behaviour):
   beta, both `linear_ramp`s of the step, applied when the batch is trained (so
   replayed samples get the current step's target, as Lee et al. recompute it).
 - log Z from the behaviour policy (TBA-prime's TB, bbartoldson/tba-prime
-  src/zeroband/train.py L273-281): `trajectory_balance(..., log_z_from_behaviour=True)`
+  src/zeroband/train.py L273-281): `TBSwitches(log_z_from_behaviour=True)`
   takes VarGrad's estimate from the sampling policy's log-probs, -mean_j (log pi_b -
   log pi_ref - r / beta), fixed per sample, instead of the current policy's; the
   residuals then no longer sum to zero per prompt, which pulls log pi_theta toward
@@ -61,93 +61,15 @@ GRPO recipe's, tba-prime src/zeroband/training/loss.py L193-229).
 """
 from __future__ import annotations
 
-import functools
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from tba_jax.logprobs import masked_sum
+
 Array = jax.Array
-
-
-# ---------------------------------------------------------------------------
-# Log-probabilities.
-# ---------------------------------------------------------------------------
-def token_logprobs(logits: Array, tokens: Array, temperature: float = 1.0) -> Array:
-  """log softmax(logits / T)[tokens]: [N, T] from logits [N, T, V], tokens [N, T].
-
-  logits[:, t] is the distribution of tokens[:, t]. Computed in float32 as
-  logit - logsumexp, which never materialises a second [N, T, V] array.
-  """
-  logits = logits.astype(jnp.float32) / temperature
-  picked = jnp.take_along_axis(logits, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  return picked - jax.nn.logsumexp(logits, axis=-1)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def token_logprobs_and_entropy(logits: Array, tokens: Array,
-                               temperature: float = 1.0) -> tuple[Array, Array]:
-  """(token_logprobs, token_entropy) of the same logits in two passes over [N, T, V].
-
-  What the trainer needs of its completion logits: token_logprobs above and the
-  per-token entropy H = logsumexp(z) - sum_v softmax(z)_v z_v of z = logits / T (a
-  diagnostic of how spread out the tempered policy is where the completions were
-  sampled), in one max and one exp pass forward and one exp pass backward, where
-  autodiff of the two formulas spends three exp passes and materialises z (SmolLM2-135M
-  on 32 x 56 tokens, 2-core CPU: 12.9 -> 11.8 s an update; LAB_LOG.md, "Trainer step").
-  The entropy is not differentiated (its cotangent is ignored); the log-probs' gradient
-  w.r.t. the logits is (onehot(tokens) - softmax(z)) / T.
-  """
-  return _logprobs_entropy_fwd(logits, tokens, temperature)[0]
-
-
-def _logprobs_entropy_fwd(logits, tokens, temperature):
-  z = logits.astype(jnp.float32) / temperature
-  top = jnp.max(z, axis=-1, keepdims=True)
-  e = jnp.exp(z - top)
-  total = jnp.sum(e, axis=-1)
-  lse = top[..., 0] + jnp.log(total)
-  picked = jnp.take_along_axis(z, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  entropy = lse - jnp.sum(e * z, axis=-1) / total
-  return (picked - lse, entropy), (logits, tokens, lse)
-
-
-def _logprobs_entropy_bwd(temperature, residuals, cotangents):
-  logits, tokens, lse = residuals
-  g = cotangents[0] / temperature  # the entropy's cotangent is ignored (a diagnostic)
-  z = logits.astype(jnp.float32) / temperature
-  onehot = jnp.arange(logits.shape[-1]) == tokens[..., None]
-  d_logits = g[..., None] * (onehot - jnp.exp(z - lse[..., None]))
-  return d_logits.astype(logits.dtype), None  # tokens: integers, no cotangent
-
-
-token_logprobs_and_entropy.defvjp(_logprobs_entropy_fwd, _logprobs_entropy_bwd)
-
-
-def sequence_logprobs(logits: Array, tokens: Array, mask: Array,
-                      temperature: float = 1.0) -> Array:
-  """Summed (not length-normalised) log-probs [N] of the tokens where mask > 0."""
-  return masked_sum(token_logprobs(logits, tokens, temperature), mask)
-
-
-def masked_sum(per_token: Array, mask: Array) -> Array:
-  """Sum over the last axis of the entries where mask > 0 ([N, T] -> [N])."""
-  return jnp.sum(jnp.where(mask > 0, per_token, 0.0), axis=-1)
-
-
-def completion_mask(lengths: Array, ended: Array, num_columns: int,
-                    include_eos: bool = True) -> Array:
-  """[N, num_columns] float32 mask of the completion tokens counted in log pi.
-
-  lengths [N]: generated tokens per row, the EOS token included when the row
-  ended with one (ended [N] bool; False = cut off at the length limit).
-  include_eos=False drops the EOS token itself (the authors' pad == eos case).
-  Tokens after the first EOS are never counted.
-  """
-  lengths = jnp.asarray(lengths, jnp.int32)
-  drop_eos = jnp.logical_and(jnp.asarray(ended, bool), not include_eos)
-  counted = lengths - drop_eos.astype(jnp.int32)
-  return (jnp.arange(num_columns)[None, :] < counted[:, None]).astype(jnp.float32)
 
 
 # ---------------------------------------------------------------------------
@@ -190,48 +112,55 @@ class TBAux(NamedTuple):
   weights: Array    # [N] importance weights (ones without ratio_clip)
 
 
+@dataclasses.dataclass(frozen=True)
+class TBSwitches:
+  """How trajectory_balance departs from the TBA paper's VarGrad TB (module docstring);
+  each is off by default.
+
+  ratio_clip: each squared residual weighted by stopgrad(min(exp(policy - behaviour),
+  ratio_clip)) (needs behaviour_logprobs, the sequence log-probs of the policy version
+  that sampled each completion); log Z stays the plain group mean of d.
+  residual_clip: the Huber loss at c, log Z minus the group's Huber M-estimate of d (or of
+  the behaviour's) instead of its mean, detached: at that argmin d loss / d log Z = 0, so
+  (envelope theorem) the detached gradient 2 clip(residual_j) / N is the total one, and
+  sums to zero per prompt (unweighted: without ratio_clip).
+  log_z_from_behaviour (TBA-prime's TB): VarGrad's estimate from d with the behaviour
+  log-probs in place of the policy's.
+  """
+  ratio_clip: float | None = None
+  residual_clip: float | None = None
+  log_z_from_behaviour: bool = False
+
+
 def trajectory_balance(policy_logprobs: Array, ref_logprobs: Array, rewards: Array,
                        group_ids: Array, beta: Array | float,
                        behaviour_logprobs: Array | None = None,
-                       ratio_clip: float | None = None,
+                       switches: TBSwitches = TBSwitches(),
                        ref_weight: Array | float = 1.0,
-                       log_z: Array | None = None,
-                       log_z_from_behaviour: bool = False,
-                       residual_clip: float | None = None) -> tuple[Array, TBAux]:
+                       log_z: Array | None = None) -> tuple[Array, TBAux]:
   """VarGrad TB loss (module docstring); all inputs are per-sequence [N].
 
   `ref_weight` scales the reference term: d = log pi - ref_weight log pi_ref - r / beta.
   `log_z` [N], when given, is a learned log Z of each row's prompt (differentiated:
-  TB as in Malkin et al. 2022) in place of the VarGrad estimate.
-
-  ratio_clip (default None = off) weights each squared residual by
-  stopgrad(min(exp(policy - behaviour), ratio_clip)); needs behaviour_logprobs,
-  the sequence log-probs of the policy version that sampled each completion.
-  log Z stays the plain group mean of d.
-
-  log_z_from_behaviour (TBA-prime's TB): VarGrad's estimate from d with the
-  behaviour log-probs in place of the policy's (module docstring).
-  residual_clip (default None = off): the Huber loss at c, log Z minus the group's Huber
-  M-estimate of d (or of the behaviour's) instead of its mean, detached: at that argmin
-  d loss / d log Z = 0, so (envelope theorem) the detached gradient 2 clip(residual_j) / N
-  is the total one, and sums to zero per prompt (unweighted: without ratio_clip).
+  TB as in Malkin et al. 2022) in place of the VarGrad estimate. `switches`: TBSwitches.
   """
+  s = switches
   policy_logprobs = policy_logprobs.astype(jnp.float32)
   target = ref_weight * ref_logprobs + rewards / beta
   d = policy_logprobs - target
   if log_z is None:
-    if log_z_from_behaviour:
+    if s.log_z_from_behaviour:
       if behaviour_logprobs is None:
         raise ValueError("log_z_from_behaviour needs behaviour_logprobs")
       d_z = behaviour_logprobs - target
     else:
       d_z = d
     d_z = jax.lax.stop_gradient(d_z)
-    log_z = -(group_mean(d_z, group_ids) if residual_clip is None
-              else huber_location(d_z, group_ids, residual_clip))
+    log_z = -(group_mean(d_z, group_ids) if s.residual_clip is None
+              else huber_location(d_z, group_ids, s.residual_clip))
   residuals = log_z + d
-  weights = _clipped_ratio(policy_logprobs, behaviour_logprobs, ratio_clip)
-  loss = jnp.mean(weights * _residual_penalty(residuals, residual_clip))
+  weights = _clipped_ratio(policy_logprobs, behaviour_logprobs, s.ratio_clip)
+  loss = jnp.mean(weights * _residual_penalty(residuals, s.residual_clip))
   kl = jnp.mean(jax.lax.stop_gradient(policy_logprobs - ref_logprobs))
   return loss, TBAux(log_z=jax.lax.stop_gradient(log_z),
                      residuals=jax.lax.stop_gradient(residuals), kl=kl, weights=weights)

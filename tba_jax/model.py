@@ -15,20 +15,16 @@ softcap and sliding-window layers (their mask and rope base chosen per layer ins
 the layer scan, so the stacked layers stay one compiled body). With a
 `Dropout` (the training forward only; model.dropout), GPT-2's three dropouts on
 every architecture: the embeddings' output, the attention probabilities, and
-each attention and MLP output before its residual add. With
-`cfg.lora`, the targeted projections also carry low-rank adapters (nnx.LoRA,
-their leaves `.../q_lora/lora_a` and `lora_b`): x W + (alpha / rank) x A B, the
-update computed beside the frozen projection rather than merged into it, so the
-trainer's gradient is only the adapters' (lora.py splits, merges and exports them).
+each attention and MLP output before its residual add. With `cfg.lora`, the
+targeted projections also carry low-rank adapters beside the frozen weights, so the
+trainer's gradient is only the adapters'. One layer (attention, MLP, norms, adapters)
+is blocks.py's `Block`; this file stacks them, embeds, and reads the heads.
 
-The training forward and the cached decode step are one code path: a forward
-over T new tokens writes their keys/values at slots [index, index + T) of a
-key/value buffer and attends causally (by slot) over the valid slots. Without a
-cache the buffer is just the T new tokens (index 0). A sliding layer's query at
-slot q also drops slots at or before q - window (transformers' kv > q - window: it
-sees itself and window - 1 earlier tokens); a row's real tokens occupy consecutive
-slots, so slot distance is token distance for left padding, right padding and
-continuous batching alike. Every layer keeps the full cache (no ring buffer).
+The training forward and the cached decode step are one code path: a forward over T
+new tokens writes their keys/values into a KVCache (kv_cache.py: slots, index, mask)
+and attends causally by slot over its valid slots; without a cache the buffer is just
+the T new tokens. A sliding layer's query at slot q also drops slots at or before
+q - window (transformers' kv > q - window: it sees itself and window - 1 earlier tokens).
 
 Layers are stacked along a leading axis and run with `nnx.scan` (one compiled
 layer body, fast compiles for 30-layer models). Parameters travel as plain
@@ -52,204 +48,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tba_jax import attention as attention_lib
 from tba_jax import encoder as encoder_lib
-from tba_jax import losses
-from tba_jax import paged_kv
-from tba_jax.layers import (ACTIVATION_FNS, Dropout, Norm, apply_rope, dropped,
-                            mean_pool_normalized, param, project, rope_inv_freq)
+from tba_jax.blocks import Block, norm
+from tba_jax.kv_cache import KVCache
+from tba_jax.layers import Dropout, dropped, mean_pool_normalized, param, rope_inv_freq
+from tba_jax.logprobs import token_logprobs
 from tba_jax.model_config import EncoderConfig, LoRAConfig, ModelConfig, RopeScaling  # noqa: F401 (re-exported)
 
 Params = dict[str, Any]
 
 
 # ---------------------------------------------------------------------------
-# Modules.
+# The decoder: embeddings, the scanned layers (blocks.py), the heads.
 # ---------------------------------------------------------------------------
-def _norm(cfg: ModelConfig, rngs: nnx.Rngs, dim: int | None = None) -> Norm:
-  return Norm(dim or cfg.dim, cfg.norm, cfg.norm_eps, cfg.jnp_dtype, rngs)
-
-
-def input_dims(projection: str) -> int:
-  """How many leading dims of a projection's kernel are its input ([N,H,D] for o)."""
-  return 2 if projection == "o" else 1
-
-
-def _add_adapters(module: nnx.Module, cfg: ModelConfig, which: str, rngs: nnx.Rngs) -> None:
-  """An nnx.LoRA [in, R] x [R, out] per adapter of `which` ("attn"/"mlp"), with the
-  kernels' inputs and outputs flattened (the outputs of fused q/k/v concatenated)."""
-  for name, kernels in cfg.lora_adapters(which):
-    shapes = [getattr(module, k).shape for k in kernels]
-    n_in = input_dims(kernels[0])
-    setattr(module, name, nnx.LoRA(
-        math.prod(shapes[0][:n_in]), cfg.lora.rank, sum(math.prod(s[n_in:]) for s in shapes),
-        param_dtype=cfg.jnp_dtype, rngs=rngs,
-        # torch's Linear init, as PEFT draws A: U(+-1 / sqrt(in)); B starts at 0.
-        a_initializer=nnx.initializers.variance_scaling(1 / 3, "fan_in", "uniform")))
-
-
-def _adapted(module: nnx.Module, which: str, x, **outs) -> list:
-  """The projections `outs` of x [B,T,...] (by kernel name), each plus its adapter's
-  update scale * x A B (a fused adapter's output split over its kernels), in order.
-  Without adapters for them, `outs` unchanged: no operation is added."""
-  cfg = module.cfg
-  for name, kernels in cfg.lora_adapters(which):
-    if kernels[0] not in outs:  # an adapter of the module's other input
-      continue
-    delta = getattr(module, name)(x.reshape(*x.shape[:2], -1)) * cfg.lora.scale  # [B,T,out]
-    sizes = np.cumsum([math.prod(outs[k].shape[2:]) for k in kernels])[:-1]
-    for k, d in zip(kernels, jnp.split(delta, sizes, axis=-1)):
-      outs[k] = outs[k] + d.reshape(outs[k].shape)
-  return list(outs.values())
-
-
-class Attention(nnx.Module):
-
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    d, n, k, h, dt = cfg.dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.jnp_dtype
-    self.q = param(rngs, (d, n, h), dt, fan_in=d)
-    self.k = param(rngs, (d, k, h), dt, fan_in=d)
-    self.v = param(rngs, (d, k, h), dt, fan_in=d)
-    self.o = param(rngs, (n, h, d), dt, fan_in=n * h)
-    if cfg.qkv_bias:
-      self.q_bias = param(rngs, (n, h), dt)
-      self.k_bias = param(rngs, (k, h), dt)
-      self.v_bias = param(rngs, (k, h), dt)
-    if cfg.bias:
-      self.o_bias = param(rngs, (d,), dt)
-    if cfg.qk_norm:
-      self.q_norm, self.k_norm = _norm(cfg, rngs, h), _norm(cfg, rngs, h)
-    self.cfg = cfg
-    _add_adapters(self, cfg, "attn", rngs)
-
-  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None, valid=None):
-    """x [B,T,D]; mask [B,T,S]; valid [B,S]: the slots holding real tokens; kv = None,
-    or (k, v, layer, page table): the stacked cache buffers [L,B,K,S,H] (or pages
-    [L,K,P,page,H] with their table, paged_kv.py) and this layer's index into them;
-    inv_freq: this layer's rotary frequencies (None: no rope); `dropout` on the
-    attention probabilities (site 0)."""
-    q, k, v = project(x, self.q[...], self.k[...], self.v[...])  # [B,T,N,H], [B,T,K,H] x 2
-    q, k, v = _adapted(self, "attn", x, q=q, k=k, v=v)
-    if self.cfg.qkv_bias:
-      q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-    if self.cfg.qk_norm:  # per head, over H, before the rotation (Qwen3, Gemma 3)
-      q, k = self.q_norm(q), self.k_norm(k)
-    if inv_freq is not None:
-      q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-    impl = attention_lib.for_model(self.cfg, q.dtype)  # as attention.check picks it
-    if kv is not None:
-      # Write only the T new keys/values, in place, at the layer's slots from
-      # `index` of the stacked buffers, then read this layer's window back. Carrying the whole
-      # cache through the layer scan (rather than scanning over it as xs/ys)
-      # keeps XLA from copying every layer's cache on every decode step.
-      k_all, v_all, layer, table = kv
-      window = mask.shape[-1]
-      if table is None:
-        k_all, k = _cache_write_read(k_all, layer, index, k, window)
-        v_all, v = _cache_write_read(v_all, layer, index, v, window)
-      else:  # pages (paged_kv.py): written in place, the window gathered
-        k_all, k = paged_kv.write_read(k_all, layer, table, index, k, window)
-        v_all, v = paged_kv.write_read(v_all, layer, table, index, v, window)
-      kv = (k_all, v_all, layer, table)
-      if table is not None and impl == "pallas" and q.shape[1] == 1:
-        pages = lambda buf: jax.lax.dynamic_index_in_dim(buf, layer, 0, keepdims=False)
-        out = paged_kv.paged_decode(q, pages(k_all), pages(v_all), table, mask,
-                                    self.cfg.attn_scale, window)
-      elif dropout is not None:
-        out = attention_lib.grouped(q, k.astype(q.dtype), v.astype(q.dtype), mask,
-                                    self.cfg.attn_scale, dropout)
-      else:
-        out = attention_lib.cached(q, k.astype(q.dtype), v.astype(q.dtype), mask, valid, index,
-                                   self.cfg.attn_scale, impl)
-    else:
-      out = attention_lib.uncached(q, k, v, mask, valid, self.cfg.attn_scale, impl, dropout)
-    [out] = _adapted(self, "attn", out, o=jnp.einsum("BTNH,NHD->BTD", out, self.o[...]))
-    return (out + self.o_bias[...] if self.cfg.bias else out), kv
-
-
-def _cache_write_read(buf, layer, index, new, window):
-  """Writes `layer`'s T new keys (or values) [B,T,K,H] into the stacked cache
-  buffer [L,B,K,S,H] from slot `index` (a scalar: every row; [B]: one slot per
-  row) and reads back that layer's first `window` slots [B,K,W,H].
-
-  Both are in place on the carried buffer; reading only the window means a
-  decode step does not pay for slots no row has reached.
-  """
-  if jnp.ndim(index) == 0:
-    new = new.transpose(0, 2, 1, 3)[None].astype(buf.dtype)  # [1,B,K,T,H]
-    buf = jax.lax.dynamic_update_slice(buf, new, (layer, 0, 0, index, 0))
-  else:  # one write offset per row (continuous batching)
-    b, t = new.shape[:2]
-    rows, cols = _row_slots(index, b, t)
-    # Promising unique, in-bounds indices keeps the scatter in place: without
-    # it XLA:CPU copies the whole stacked buffer per layer (measured 25x
-    # slower decode steps at 30 layers).
-    buf = buf.at[layer, rows, :, cols].set(new.astype(buf.dtype), unique_indices=True,
-                                            indices_are_sorted=True, mode="promise_in_bounds")
-  _, b, k, _, h = buf.shape
-  return buf, jax.lax.dynamic_slice(buf, (layer, 0, 0, 0, 0), (1, b, k, window, h))[0]
-
-
-def _row_slots(index, b: int, t: int):
-  """(rows [B,1], slots [B,T]): the cache slots of T new tokens, row b's from index[b]."""
-  return jnp.arange(b)[:, None], index[:, None] + jnp.arange(t)
-
-
-class MLP(nnx.Module):
-  """down(act(gate x) * up x) when gated (SwiGLU), else down(act(up x))."""
-
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    d, f, dt = cfg.dim, cfg.mlp_dim, cfg.jnp_dtype
-    if cfg.gated_mlp:
-      self.gate = param(rngs, (d, f), dt, fan_in=d)
-    self.up = param(rngs, (d, f), dt, fan_in=d)
-    self.down = param(rngs, (f, d), dt, fan_in=f)
-    if cfg.bias:
-      if cfg.gated_mlp:
-        self.gate_bias = param(rngs, (f,), dt)
-      self.up_bias = param(rngs, (f,), dt)
-      self.down_bias = param(rngs, (d,), dt)
-    self.cfg = cfg
-    _add_adapters(self, cfg, "mlp", rngs)
-
-  def __call__(self, x):
-    cfg, act = self.cfg, ACTIVATION_FNS[self.cfg.activation]
-    if cfg.gated_mlp:
-      gate, up = project(x, self.gate[...], self.up[...])  # [B,T,F] x 2
-      gate, up = _adapted(self, "mlp", x, gate=gate, up=up)
-      if cfg.bias:
-        gate, up = gate + self.gate_bias[...], up + self.up_bias[...]
-      h = act(gate) * up
-    else:
-      [up] = _adapted(self, "mlp", x, up=jnp.einsum("BTD,DF->BTF", x, self.up[...]))
-      h = act(up + self.up_bias[...] if cfg.bias else up)
-    [out] = _adapted(self, "mlp", h, down=jnp.einsum("BTF,FD->BTD", h, self.down[...]))
-    return out + self.down_bias[...] if cfg.bias else out
-
-
-class Block(nnx.Module):
-
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    self.attn_norm = _norm(cfg, rngs)
-    self.attn = Attention(cfg, rngs)
-    self.mlp_norm = _norm(cfg, rngs)
-    self.mlp = MLP(cfg, rngs)
-    if cfg.post_norms:  # Gemma: each branch's output normed before it joins the residual
-      self.attn_post_norm, self.mlp_post_norm = _norm(cfg, rngs), _norm(cfg, rngs)
-    self.parallel, self.post_norms = cfg.parallel_residual, cfg.post_norms
-
-  def __call__(self, x, positions, mask, kv, index, inv_freq, dropout=None, valid=None):
-    h, kv = self.attn(self.attn_norm(x), positions, mask, kv, index, inv_freq, dropout, valid)
-    if self.post_norms:
-      h = self.attn_post_norm(h)
-    h = dropped(h, dropout, 1)  # GPT-2's resid_pdrop, after each output projection
-    if self.parallel:  # both branches read the block's input (GPT-NeoX)
-      return x + h + dropped(self.mlp(self.mlp_norm(x)), dropout, 2), kv
-    x = x + h
-    h = self.mlp(self.mlp_norm(x))
-    return x + dropped(self.mlp_post_norm(h) if self.post_norms else h, dropout, 2), kv
-
-
 class Transformer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
@@ -264,7 +75,7 @@ class Transformer(nnx.Module):
       return Block(cfg, rngs)
 
     self.layers = make_layers(rngs)
-    self.final_norm = _norm(cfg, rngs)
+    self.final_norm = norm(cfg, rngs)
     if cfg.num_labels:  # a sequence-classification model has no LM head
       self.score = param(rngs, (cfg.dim, cfg.num_labels), cfg.jnp_dtype, fan_in=cfg.dim)
     elif not cfg.tie_embeddings:
@@ -356,62 +167,6 @@ def _per_layer_attention(cfg: ModelConfig) -> dict:
   if cfg.position_embedding == "rope":
     out["inv_freq"] = jnp.asarray(np.stack([rope_inv_freq(cfg, local=s) for s in sliding]))
   return out
-
-
-# ---------------------------------------------------------------------------
-# Functional KV cache.
-# ---------------------------------------------------------------------------
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class KVCache:
-  k: jax.Array  # [L,B,K,S,H]
-  v: jax.Array  # [L,B,K,S,H]
-  mask: jax.Array  # [B,S] bool: slot holds a real token
-  # The next slot to write: an int32 scalar (same for all rows) or [B] (one per
-  # row, for continuous batching, where rows start at different times).
-  index: jax.Array
-  # Attend over the first `window` slots only (None: all S). Static: each
-  # window is its own compiled program; every row's slots in use must lie
-  # inside it.
-  window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
-  page_table = None  # a row per cache slot (paged_kv.PagedKVCache has pages instead)
-
-  @classmethod
-  def init(cls, cfg: ModelConfig, batch: int, size: int, dtype=None) -> KVCache:
-    shape = (cfg.num_layers, batch, cfg.num_kv_heads, size, cfg.head_dim)
-    dtype = dtype or cfg.jnp_dtype
-    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-               mask=jnp.zeros((batch, size), bool), index=jnp.zeros((), jnp.int32))
-
-  def put_row(self, slot, k, v, length) -> KVCache:
-    """Row `slot` (a per-row index) starts over with k/v [L,K,T,H] at its slots [0, T),
-    `length` of them real (the rest stays masked, overwritten as the row grows)."""
-    write = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype),
-                                                        (0, slot, 0, 0, 0))
-    return dataclasses.replace(
-        self, k=write(self.k, k), v=write(self.v, v),
-        mask=self.mask.at[slot].set(jnp.arange(self.mask.shape[1]) < length),
-        index=self.index.at[slot].set(length))
-
-  def take_rows(self, rows: jax.Array) -> KVCache:
-    """The cache of rows `rows` [B'] (indices into this cache's B rows)."""
-    index = self.index if jnp.ndim(self.index) == 0 else self.index[rows]
-    return dataclasses.replace(self, k=self.k[:, rows], v=self.v[:, rows], mask=self.mask[rows],
-                               index=index)
-
-  def extend(self, num_slots: int) -> KVCache:
-    """The same cache with `num_slots` more empty slots at the end."""
-    pad = lambda x, axis: jnp.pad(x, [(0, num_slots if a == axis else 0) for a in range(x.ndim)])
-    return dataclasses.replace(self, k=pad(self.k, 3), v=pad(self.v, 3), mask=pad(self.mask, 1))
-
-  def write_mask(self, token_mask: jax.Array) -> jax.Array:
-    """mask [B,S] with token_mask [B,T] written from `index` (1 = real token)."""
-    token_mask = token_mask.astype(bool)
-    if jnp.ndim(self.index) == 0:
-      return jax.lax.dynamic_update_slice_in_dim(self.mask, token_mask, self.index, 1)
-    rows, cols = _row_slots(self.index, *token_mask.shape)
-    return self.mask.at[rows, cols].set(token_mask, unique_indices=True, indices_are_sorted=True,
-                                        mode="promise_in_bounds")
 
 
 # ---------------------------------------------------------------------------
@@ -519,7 +274,7 @@ def completion_token_logprobs(model_config: ModelConfig, params: Params, tokens:
   """Per-token log-probs [N, Tc] (float32, tempered) of the completion columns."""
   logits = completion_logits(model_config, params, tokens, attention_mask, completion_len,
                              remat, dropout, prompt_group)
-  return losses.token_logprobs(logits, tokens[:, tokens.shape[1] - completion_len:], temperature)
+  return token_logprobs(logits, tokens[:, tokens.shape[1] - completion_len:], temperature)
 
 
 def _hidden(cfg, params, tokens, attention_mask):

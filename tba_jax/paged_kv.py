@@ -23,7 +23,8 @@ shipped paged-attention kernel reading the pages in place (attention_impl
 pallas: jax.experimental.pallas.ops.gpu.paged_attention on GPU and, in
 interpret mode, on CPU; ...ops.tpu.paged_attention on TPU). The kernels take a
 length per row from slot 0, which holds because the pool's rows are
-left-aligned (continuous.insert_rows).
+left-aligned (slot_programs.py), multi-turn rows too (an append rewrites a row from its
+last kept token on, so its real slots stay [0, length)).
 
 Axis legend (model.py): L layers, K kv heads, P pages, H head dim, N slots,
 S cache slots per row, W window, T prompt slots.
@@ -121,13 +122,16 @@ class PagedKVCache:
 def write_read(buf, layer, table, index, new, window: int):
   """Writes `layer`'s T new keys (or values) [B,T,K,H] of each row at its slots from
   index [B] into the pages [L,K,P,page,H] and gathers that layer's first `window` slots
-  of every row [B,K,W,H] (the paged twin of model._cache_write_read)."""
+  of every row [B,K,W,H] (the paged twin of kv_cache.write_read)."""
   b, t = new.shape[:2]
   page = buf.shape[3]
   slots = index[:, None] + jnp.arange(t)  # [B,T]
   pages, offsets = jnp.take_along_axis(table, slots // page, axis=1), slots % page
   # Unique by construction (each row its own pages, a free row its scratch page):
-  # promising it keeps the scatter in place (model._cache_write_read).
+  # promising it keeps the scatter in place (kv_cache.write_read). One exception, harmless:
+  # a reply's append (slot_programs.append_replies) writes a bucket of slots from every row's
+  # next slot, and its masked ones past a row's pages can meet twice in its scratch page,
+  # whose contents are never read as a real token.
   # `layer` (traced) and the [B,T] pages and offsets are all advanced indices, apart
   # from each other: numpy's rule puts their [B,T] first, so the update is new [B,T,K,H].
   buf = buf.at[layer, :, pages, offsets].set(new.astype(buf.dtype), unique_indices=True,
@@ -184,7 +188,7 @@ def auto_num_pages(cfg, devices, num_rows: int, row_size: int, page_size: int, *
   """The pages that fit in `memory_fraction` of the free memory of the least free of
   `devices`, at most what every row at full length takes and at least the smallest pool
   (PageAllocator); 0 (no pages: full rows) where the devices do not report their memory
-  (CPU). The pool is whole on every device of the data axis (continuous._page_sharding),
+  (CPU). The pool is whole on every device of the data axis (slot_programs.page_sharding),
   so it is what fits on one device, not their sum; `kv_shards`: the devices a page's kv
   heads are split over (the tensor axis), each holding that share of a page."""
   free = []

@@ -6,7 +6,7 @@
   batch, info = buf.sample(P, K, m, layout=batch.Layout(Tp, Tc, pad))
   arrays = entries.pack(local.drain_new(), max_prompt_len=Tp, max_completion_len=Tc)
   global_buf.add_many(entries.unpack(arrays))   # same entries, same order -> same buffer
-  global_buf.load_state_dict(old.state_dict())  # exact, including the RNG
+  global_buf.load_state_dict(old.state_dict())  # exact, including the RNG (buffer_state.py)
 
 Sync windows. `mark_sync()` closes a window: the prompts that received at least
 one entry since the previous `mark_sync()` (or since construction) become the
@@ -48,8 +48,8 @@ Red-teaming's buffer (TBA B.3, Lee et al. GFNOrg/red-teaming utils.py L289-480):
 `freeze_size()` caps the buffer at its current size (TBA: from step 4000 on,
 oldest out first); `near_duplicate=tol > 0` keeps, of two completions of a prompt
 whose token edit distance (EOS left out) is below tol x (len_a + len_b), the one
-of higher priority (Lee's edit metric, tol 0.25). The filter compares a new entry
-with every entry of its prompt (O(entries) per insert): meant for buffers of
+of higher priority (Lee's edit metric, tol 0.25; near_duplicates.py). The filter compares
+a new entry with every entry of its prompt (O(entries) per insert): meant for buffers of
 thousands, as Lee's (1k-5k), not TBA's 100k.
 """
 from __future__ import annotations
@@ -59,22 +59,16 @@ import collections
 import dataclasses
 import heapq
 import itertools
-import json
 import threading
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import numpy as np
 
 from tba_jax import batch as batch_lib
+from tba_jax import buffer_state, near_duplicates
 from tba_jax.batch import TrainBatch
 from tba_jax.choices import EVICTION_POLICIES, PRIORITIES
-from tba_jax.entries import (PER_TOKEN_FIELDS, SCALAR_FIELDS, Entry, check_fits, frozen,
-                             normalized)
-
-# The variable-length arrays of state_dict, in the order of its `sizes` array.
-_STATE_ARRAYS = (("seq", "length") + tuple(n for n, _ in SCALAR_FIELDS + PER_TOKEN_FIELDS) +
-                 ("prompt_table_ids", "prompt_table_lens", "prompt_table_tokens", "pending",
-                  "latest", "latest_left", "windows"))
+from tba_jax.entries import Entry, check_fits, normalized
 
 
 def entry_probs(rewards: np.ndarray, tau: float, reward_weight: float) -> np.ndarray:
@@ -201,15 +195,10 @@ class ReplayBuffer:
 
   def _first_near_duplicate(self, e: Entry, per) -> bytes | None:
     """The key of the oldest entry in `per` within the edit-distance tolerance of `e`."""
-    keys, items = list(per), [item[1] for item in per.values()]
-    tokens = [x.completion[:x.length - x.ended_with_eos] for x in items]  # EOS left out
-    lengths = np.array([t.size for t in tokens])
-    ys = np.full((len(tokens), max(lengths.max(), 1)), -1, np.int64)
-    for i, t in enumerate(tokens):
-      ys[i, :t.size] = t
-    x = e.completion[:e.length - e.ended_with_eos]
-    close = edit_distances(x, ys, lengths) < self.near_duplicate * (x.size + lengths)
-    return keys[int(np.argmax(close))] if close.any() else None
+    tokens = lambda x: x.completion[:x.length - x.ended_with_eos]  # EOS left out
+    i = near_duplicates.first_within(tokens(e), [tokens(item[1]) for item in per.values()],
+                                     self.near_duplicate)
+    return None if i is None else list(per)[i]
 
   def freeze_size(self) -> int:
     """Caps the buffer at its current size (or its cap, if smaller); returns the cap.
@@ -426,80 +415,30 @@ class ReplayBuffer:
       slots[i] = (pid, False, replaced, [items[j] for j in idx])
     return slots, fallback
 
-  # --- Save / restore (every value a non-empty numpy array, as orbax needs) ---------------
+  # --- Save / restore (the arrays' format: buffer_state.py) ----------------------------------
   def state_dict(self) -> dict[str, np.ndarray]:
     """The full state; `load_state_dict` on a buffer with the same caps restores it exactly."""
     with self._lock:
-      es = [self._entries[p][k][1] for p, k in self._by_seq.values()]
-      pids = sorted(self._prompts)
-      arrays = {"seq": (list(self._by_seq), np.int64), "length": ([e.length for e in es], np.int64)}
-      arrays.update({n: ([getattr(e, n) for e in es], dt) for n, dt in SCALAR_FIELDS})
-      arrays.update({n: (_cat([getattr(e, n) for e in es]), dt) for n, dt in PER_TOKEN_FIELDS})
-      arrays.update(
-          prompt_table_ids=(pids, np.int64),
-          prompt_table_lens=([self._prompts[p].size for p in pids], np.int64),
-          prompt_table_tokens=(_cat([self._prompts[p] for p in pids]), np.int32),
-          pending=(sorted(self._pending), np.int64), latest=(self._latest, np.int64),
-          latest_left=(self._latest_left, np.int64), windows=(self._windows, np.int64))
-      # Orbax refuses zero-size arrays, so each variable-length array carries one trailing
-      # dummy element and its true size is recorded in `sizes`.
-      state = {"sizes": np.array([len(arrays[n][0]) for n in _STATE_ARRAYS], np.int64)}
-      state.update({n: np.append(np.asarray(v, dt), np.zeros(1, dt))
-                    for n, (v, dt) in arrays.items()})
-      state["counters"] = np.array([self._next_seq, self._drain_from, self._num_syncs,
-                                    self._num_added, self._num_replaced, self._num_evicted],
-                                   np.int64)
-      # The cap, which freeze_size may have lowered (0: none).
-      state["max_entries"] = np.array([self.max_entries or 0], np.int64)
-      state["rng_state"] = np.frombuffer(
-          json.dumps(self._rng.bit_generator.state).encode(), np.uint8).copy()
-      return state
+      return buffer_state.to_arrays(buffer_state.Snapshot(
+          seqs=list(self._by_seq),
+          entries=[self._entries[p][k][1] for p, k in self._by_seq.values()],
+          prompts=dict(self._prompts), pending=sorted(self._pending), latest=list(self._latest),
+          latest_left=list(self._latest_left), windows=list(self._windows),
+          counters={n: getattr(self, "_" + n) for n in buffer_state.COUNTERS},
+          max_entries=self.max_entries,  # which freeze_size may have lowered
+          rng_state=self._rng.bit_generator.state))
 
   def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-    # By name, in state_dict's order: a restored dict may come back with its keys sorted.
-    # A state saved before a field existed lacks its array (and its size): such entries
-    # get the field's default.
-    names = [n for n in _STATE_ARRAYS if n in state]
-    s = {n: np.asarray(state[n])[:int(size)] for n, size in zip(names, state["sizes"])}
+    s = buffer_state.from_arrays(state)
     with self._lock:
       self._clear()
-      off = np.concatenate([[0], np.cumsum(s["prompt_table_lens"])])
-      for i, pid in enumerate(s["prompt_table_ids"].tolist()):
-        self._prompts[pid] = frozen(s["prompt_table_tokens"][off[i]:off[i + 1]], np.int32)
-      off = np.concatenate([[0], np.cumsum(s["length"])])
-      for i, seq in enumerate(s["seq"].tolist()):  # in seq order, so every dict order holds
-        fields = {n: s[n][i].item() for n, _ in SCALAR_FIELDS if n in s}
-        fields.update({n: s[n][off[i]:off[i + 1]] for n, _ in PER_TOKEN_FIELDS if n in s})
-        self._insert(normalized(Entry(prompt=self._prompts[fields["prompt_id"]], **fields)), seq)
-      self._pending = set(s["pending"].tolist())
-      self._latest, self._latest_left = s["latest"].tolist(), s["latest_left"].tolist()
-      (self._next_seq, self._drain_from, self._num_syncs, self._num_added, self._num_replaced,
-       self._num_evicted) = np.asarray(state["counters"]).tolist()
-      if "max_entries" in state:  # absent in states saved before freeze_size existed
-        self.max_entries = int(np.asarray(state["max_entries"])[0]) or None
-      # States saved before windows were kept: what they hold is one window (the m branch
-      # then draws from all of a latest prompt's entries until its next refresh).
-      self._windows = (s["windows"].tolist() if "windows" in s else
-                       [self._next_seq] if self._next_seq else [])
-      self._rng.bit_generator.state = json.loads(np.asarray(state["rng_state"]).tobytes())
-
-
-def edit_distances(x: np.ndarray, ys: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-  """Levenshtein distances [N] of the token sequence x to each ys[i, :lengths[i]].
-
-  Row by row over x, vectorised over the N candidates and their columns: with
-  best[j] = min(above + 1, diagonal + mismatch), the row is
-  D[j] = min(i + j, min_{k<=j} best[k] + j - k), a running minimum.
-  """
-  n, m = ys.shape
-  cols = np.arange(m + 1)
-  row = np.broadcast_to(cols, (n, m + 1))
-  for i, token in enumerate(np.asarray(x), 1):
-    best = np.minimum(row[:, 1:] + 1, row[:, :-1] + (ys != token))
-    shifted = np.concatenate([np.full((n, 1), i), best - cols[1:]], axis=1)
-    row = np.minimum.accumulate(shifted, axis=1) + cols
-  return row[np.arange(n), lengths]
-
-
-def _cat(arrays: Sequence[np.ndarray]) -> np.ndarray:
-  return np.concatenate(arrays) if arrays else np.zeros(0)
+      self._prompts.update(s.prompts)
+      for seq, e in zip(s.seqs, s.entries):  # in seq order, so every dict order holds
+        self._insert(e, seq)
+      self._pending, self._latest, self._latest_left = set(s.pending), s.latest, s.latest_left
+      self._windows = s.windows
+      for name in buffer_state.COUNTERS:  # self._next_seq, ...
+        setattr(self, "_" + name, s.counters[name])
+      if s.max_entries is not None:  # None: a state saved before freeze_size existed
+        self.max_entries = s.max_entries or None
+      self._rng.bit_generator.state = s.rng_state

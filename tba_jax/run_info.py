@@ -14,7 +14,7 @@ from typing import Callable
 
 import jax
 
-from tba_jax import lora
+from tba_jax import lora, model
 
 
 def _points(fn: Callable[[int], float], steps, last: int) -> str:
@@ -41,9 +41,10 @@ def schedules(c, beta_at: Callable[[int], float], lr_at: Callable[[int], float])
           "lr": _points(lr_at, lr_steps, n) + f" ({o.schedule})"}
 
 
-def describe(c, *, trainer_mesh, searcher_meshes, mode: str, model_config, num_params: int,
-             task, num_eval_problems: int, start_step: int, beta_at, lr_at) -> dict:
-  """The setup of this run as a JSON-able dict."""
+def describe(c, *, trainer_mesh, searcher_meshes, mode: str, model_config, task,
+             num_eval_problems: int, start_step: int, beta_at, lr_at) -> dict:
+  """The setup of this run as a JSON-able dict (the model's parameters counted without
+  any LoRA adapters; those as lora.trained_parameters)."""
   device = jax.devices()[0]
   note = ""
   if mode != c.sync.mode:
@@ -66,8 +67,9 @@ def describe(c, *, trainer_mesh, searcher_meshes, mode: str, model_config, num_p
                                                 set(trainer_mesh.devices.flat))},
       "mode": mode, "mode_note": note,
       "model": {"path": c.model.path, "type": model_config.model_type,
-                "parameters": int(num_params), "layers": model_config.num_layers,
-                "dim": model_config.dim, "vocab": model_config.vocab_size,
+                "parameters": model.count_params(lora.base_config(model_config)),
+                "layers": model_config.num_layers, "dim": model_config.dim,
+                "vocab": model_config.vocab_size,
                 "dtype": c.model.dtype, "master_dtype": str(model_config.dtype),
                 "searcher_dtype": c.sync.weights_dtype or c.model.dtype, **lora_info},
       # The task's own name (a Task passed to loop.run has one), and what shows whether

@@ -36,8 +36,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from tba_jax import batch as batch_lib
+from tba_jax import categorical
 from tba_jax import model as model_lib
 from tba_jax import sharding
+from tba_jax.kv_cache import KVCache
 from tba_jax.model import ModelConfig, Params
 
 LogitsFn = Callable[..., tuple[jax.Array, Any]]
@@ -58,7 +60,8 @@ class SamplingOptions:
   top_k: int = 0  # 0: no top-k truncation
   top_p: float = 1.0  # 1.0: no nucleus truncation
   greedy: bool = False  # argmax; temperature / top_k / top_p are then ignored
-  eos_ids: tuple[int, ...] = ()  # a row stops after emitting any of these
+  # A row stops after emitting any of these (given as a tuple, a list, one id or None).
+  eos_ids: tuple[int, ...] = ()
   pad_id: int = 0  # written after a row's EOS
   min_new_tokens: int = 0  # EOS ids are masked until this many tokens were sampled
   # The last of max_new_tokens is always eos_ids[0]: a row that reaches the limit ends with
@@ -66,6 +69,13 @@ class SamplingOptions:
   end_with_eos: bool = False
 
   def __post_init__(self):
+    # The options key the compiled programs: hashable, one form per value whatever the caller
+    # passed (a tokenizer's list of EOS ids, an int temperature).
+    eos = self.eos_ids
+    eos = () if eos is None else (eos,) if isinstance(eos, (int, np.integer)) else eos
+    object.__setattr__(self, "eos_ids", tuple(int(e) for e in eos))
+    object.__setattr__(self, "temperature", float(self.temperature))
+    object.__setattr__(self, "top_p", float(self.top_p))
     if self.max_new_tokens < 1:
       raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
     if not self.greedy and not self.temperature > 0:
@@ -81,6 +91,31 @@ class SamplingOptions:
     if self.end_with_eos and self.min_new_tokens >= self.max_new_tokens:
       raise ValueError(f"min_new_tokens={self.min_new_tokens} leaves no column for the EOS that "
                        f"end_with_eos puts last (max_new_tokens={self.max_new_tokens})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Buckets:
+  """The shapes a `Sampler` compiles for: one prefill and one decode program per (batch,
+  prompt) bucket. Prompts are left-padded up to the next of `prompt`, batches filled up to
+  the next of `batch` (rounded to a multiple of the mesh's "data" axis); `length`: how many
+  completion widths the searcher's teacher-forced scoring passes are cut to
+  (batch.completion_width; 1: max_new_tokens only)."""
+  prompt: tuple[int, ...] = DEFAULT_PROMPT_BUCKETS
+  batch: tuple[int, ...] = DEFAULT_BATCH_BUCKETS
+  length: int = 1
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class PrefillBatch:
+  """What `prefill` starts from: U left-padded prompts and the B rows that continue them."""
+  tokens: jax.Array     # [U,T] int32 prompt ids, pad on the left
+  mask: jax.Array       # [U,T] int32, 1 on the prompts' tokens
+  row_ids: jax.Array    # [B] int32: seed each row's random stream
+  row_valid: jax.Array  # [B] bool: False for the bucket's padding rows (they start done)
+  # [B] int32: row b continues prompt source[b], so rows that share a prompt run it once
+  # (the cache must then offer `take_rows`); None: U = B, row b continues prompt b.
+  source: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -130,81 +165,8 @@ class Rollouts:
 
 
 # ---------------------------------------------------------------------------
-# Core: token choice, prefill, decode loop.
+# Core: token choice (the draw itself: categorical.py), prefill, decode loop.
 # ---------------------------------------------------------------------------
-_SIGN = np.uint32(0x80000000)
-
-
-def _to_ordered(x: jax.Array) -> jax.Array:
-  """float32 -> uint32 with the same order (for -inf and finite values)."""
-  u = jax.lax.bitcast_convert_type(x, jnp.uint32)
-  return jnp.where(u >= _SIGN, ~u, u | _SIGN)
-
-
-def _from_ordered(o: jax.Array) -> jax.Array:
-  return jax.lax.bitcast_convert_type(jnp.where(o >= _SIGN, o & ~_SIGN, ~o), jnp.float32)
-
-
-def _nucleus_threshold(x: jax.Array, top_p: float) -> jax.Array:
-  """[B,1]: per row the smallest logit t such that the logits strictly above t
-  hold less than top_p of softmax(x); the nucleus is then x >= t.
-
-  That is transformers' rule (walking down the sorted vocabulary, a token is
-  kept while the mass before it is < top_p; ties stay together), found without
-  a sort: a [B,V] sort costs ~30x more than this on CPU. Bisection over the
-  float32 values in order-preserving uint32 form pins t exactly in 32 masked
-  sums.
-  """
-  probs = jax.nn.softmax(x, axis=-1)
-  mass_above = lambda t: jnp.sum(jnp.where(x > t, probs, 0.0), axis=-1, keepdims=True)
-  # Invariant: mass_above(lo) >= top_p (all the mass is above -inf) and
-  # mass_above(hi) < top_p (none is above the max).
-  lo = jnp.full(x.shape[:-1] + (1,), _to_ordered(jnp.float32(-jnp.inf)))
-  hi = _to_ordered(jnp.max(x, axis=-1, keepdims=True))
-
-  def halve(_, bounds):
-    lo, hi = bounds
-    mid = lo + (hi - lo) // 2
-    inside = mass_above(_from_ordered(mid)) < top_p
-    return jnp.where(inside, lo, mid), jnp.where(inside, mid, hi)
-
-  _, hi = jax.lax.fori_loop(0, 32, halve, (lo, hi))
-  return _from_ordered(hi)
-
-
-def _truncate(scaled: jax.Array, top_k: int, top_p: float) -> jax.Array:
-  """scaled [B,V] with -inf outside the top-k, then top-p, kept set (ties kept)."""
-  kept = scaled
-  if 0 < top_k < scaled.shape[-1]:
-    # The k-th largest value as a min: slicing top_k's last column instead makes
-    # XLA:CPU fall back to a full sort (~100x slower).
-    kth = jnp.min(jax.lax.top_k(scaled, top_k)[0], axis=-1, keepdims=True)
-    kept = jnp.where(scaled >= kth, scaled, -jnp.inf)
-  if top_p < 1.0:
-    kept = jnp.where(kept >= _nucleus_threshold(kept, top_p), kept, -jnp.inf)
-  return kept
-
-
-def _draw(kept: jax.Array, keys: jax.Array) -> jax.Array:
-  """One token per row from softmax(kept), by inverse CDF on one uniform from the
-  row's key. Gumbel-max would need B * V draws and two logs each per step (~20
-  ms at batch 32 x 49k vocab on CPU, 5x this). Exact up to float32 rounding of
-  the running sum; tokens outside the kept set have zero width, never drawn."""
-  probs = jnp.exp(kept - jnp.max(kept, axis=-1, keepdims=True))
-  cdf = jnp.cumsum(probs, axis=-1)
-  total = cdf[:, -1:]
-  u = jax.vmap(jax.random.uniform)(keys)[:, None]
-  token = jnp.sum(cdf <= u * total, axis=-1)
-  # u * total may round up to total: then the last kept token is the draw.
-  return jnp.minimum(token, jnp.argmax(cdf >= total, axis=-1)).astype(jnp.int32)
-
-
-def _log_prob_of(x: jax.Array, token: jax.Array) -> jax.Array:
-  """log_softmax(x)[b, token[b]] without materialising a [B,V] log_softmax."""
-  picked = jnp.take_along_axis(x, token[:, None], axis=-1)[:, 0]
-  return picked - jax.nn.logsumexp(x, axis=-1)
-
-
 def mask_eos(logits: jax.Array, step: jax.Array, options: SamplingOptions) -> jax.Array:
   """logits [B,V] of column `step` (a scalar, or [B]) with EOS ids at -inf before
   `min_new_tokens`, and everything but eos_ids[0] at -inf in the last column when
@@ -229,15 +191,15 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, options: SamplingOptions,
   `temperature`: a traced scalar or one per row [B] (None: options.temperature)."""
   if options.greedy:
     token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    logprob = _log_prob_of(logits, token)
+    logprob = categorical.log_prob_of(logits, token)
     return token, logprob, logprob
   scaled = logits / (options.temperature if temperature is None
                      else jnp.reshape(temperature, (-1, 1)))
-  kept = _truncate(scaled, options.top_k, options.top_p)
-  token = _draw(kept, keys)
-  tempered = _log_prob_of(scaled, token)
+  kept = categorical.truncate(scaled, options.top_k, options.top_p)
+  token = categorical.draw(kept, keys)
+  tempered = categorical.log_prob_of(scaled, token)
   truncated = 0 < options.top_k < logits.shape[-1] or options.top_p < 1.0
-  logprob = _log_prob_of(kept, token) if truncated else tempered
+  logprob = categorical.log_prob_of(kept, token) if truncated else tempered
   return token, logprob, tempered
 
 
@@ -262,21 +224,17 @@ def _record(state: SamplingState, logits: jax.Array, options: SamplingOptions) -
       position=state.position + 1)
 
 
-def prefill(logits_fn: LogitsFn, params, prompt_tokens: jax.Array, prompt_mask: jax.Array,
-            cache, key: jax.Array, row_ids: jax.Array, row_valid: jax.Array,
-            options: SamplingOptions, temperature: jax.Array | float | None = None,
-            source: jax.Array | None = None) -> SamplingState:
-  """Run the left-padded prompts [B,T] through the model and sample the first token.
+def prefill(logits_fn: LogitsFn, params, batch: PrefillBatch, cache, key: jax.Array,
+            options: SamplingOptions,
+            temperature: jax.Array | float | None = None) -> SamplingState:
+  """Run the batch's prompts through the model and sample each row's first token.
 
-  `row_ids` [B] seed each row's random stream; rows with `row_valid` False
-  (bucket padding) start done, so they never hold the loop open. `temperature`
-  (None: options.temperature) holds for the whole call. `source` [B] (None: row b
-  continues prompt b): row b continues prompt source[b] of the [U,T] prompts, so rows
-  that share a prompt run it once; the cache must then offer `take_rows`.
+  Rows with `row_valid` False start done, so they never hold the loop open.
+  `temperature` (None: options.temperature) holds for the whole call.
   """
-  b, n = row_ids.shape[0], options.max_new_tokens
-  positions = model_lib.positions_from_mask(prompt_mask)
-  logits, cache = logits_fn(params, prompt_tokens, positions, prompt_mask, cache)
+  b, n, source = batch.row_ids.shape[0], options.max_new_tokens, batch.source
+  prompt_tokens, positions = batch.tokens, model_lib.positions_from_mask(batch.mask)
+  logits, cache = logits_fn(params, prompt_tokens, positions, batch.mask, cache)
   if source is not None:
     logits, prompt_tokens, positions = logits[source], prompt_tokens[source], positions[source]
     cache = cache.take_rows(source)
@@ -286,10 +244,10 @@ def prefill(logits_fn: LogitsFn, params, prompt_tokens: jax.Array, prompt_mask: 
       logprobs=jnp.zeros((b, n), jnp.float32),
       tempered_logprobs=jnp.zeros((b, n), jnp.float32),
       lengths=jnp.zeros((b,), jnp.int32),
-      done=~row_valid,
+      done=~batch.row_valid,
       last_token=prompt_tokens[:, -1],
       position=positions[:, -1],
-      row_keys=jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids),
+      row_keys=jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, batch.row_ids),
       temperature=jnp.asarray(options.temperature if temperature is None else temperature,
                               jnp.float32),
       cache=cache)
@@ -329,9 +287,9 @@ def model_logits_fn(model_config: ModelConfig) -> LogitsFn:
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "options", "mesh"))
-def _prefill_program(params, prompt_tokens, prompt_mask, key, row_ids, row_valid, temperature,
-                     source, *, model_config, options, mesh):
-  u, t = prompt_tokens.shape
+def _prefill_program(params, batch: PrefillBatch, key, temperature, *, model_config, options,
+                     mesh):
+  u, t = batch.tokens.shape
   kv_sharding = sharding.cache_sharding(model_config, mesh)
   mask_sharding = sharding.batch_sharding("searcher", mesh)
 
@@ -344,9 +302,8 @@ def _prefill_program(params, prompt_tokens, prompt_mask, key, row_ids, row_valid
   # The prompt is prefilled into a cache of exactly T slots, so its attention
   # spans T keys rather than all T + N - 1; the slots for sampled tokens are
   # appended afterwards (one copy of the cache, cheap next to the prefill).
-  cache = place(model_lib.KVCache.init(model_config, u, t))
-  state = prefill(model_logits_fn(model_config), params, prompt_tokens, prompt_mask, cache, key,
-                  row_ids, row_valid, options, temperature, source)
+  cache = place(KVCache.init(model_config, u, t))
+  state = prefill(model_logits_fn(model_config), params, batch, cache, key, options, temperature)
   # Every sampled token but the last (never fed back) needs a slot.
   return dataclasses.replace(state, cache=place(state.cache.extend(options.max_new_tokens - 1)))
 
@@ -359,43 +316,26 @@ def _decode_program(params, state, *, model_config, options):
 
 
 class Sampler:
-  """Batched generation for a searcher: compiles once per (batch, prompt) bucket.
+  """Batched generation for a searcher: decodes with `options`, compiles once per
+  (batch, prompt) bucket of `buckets`, dropping the padding rows from the outputs.
 
-  Prompt lengths are left-padded up to the next of `prompt_buckets`; batch
-  sizes up to the next of `batch_buckets` rounded to a multiple of the mesh's
-  "data" axis (padding rows are dropped from the outputs). `mesh` is a
-  searcher mesh (sharding.make_mesh("searcher", devices, tensor)); None means
-  the first device. Params go to `sharding.param_shardings(cfg, "searcher",
-  mesh)` (no copy when they already live there), the batch over "data", the
-  KV cache per `sharding.cache_sharding`. `length_buckets`: the completion widths
-  of the searcher's teacher-forced scoring passes (batch.completion_width).
-  `share_prompts`: rows with equal prompts prefill them once (a bucket of the distinct
-  prompts) and copy the keys and values to each row; the tokens are those of the rows
-  prefilled one by one (False: every row prefills, for comparison).
+  `mesh` is a searcher mesh (sharding.make_mesh("searcher", devices, tensor)); None
+  means the first device. Params go to `sharding.param_shardings(cfg, "searcher",
+  mesh)` (no copy when they already live there), the batch over "data", the KV cache
+  per `sharding.cache_sharding`. `share_prompts`: rows with equal prompts prefill them
+  once (a bucket of the distinct prompts) and copy the keys and values to each row; the
+  tokens are those of the rows prefilled one by one (False: every row prefills, for
+  comparison).
   """
 
-  def __init__(self, model_config: ModelConfig, *, max_new_tokens: int, temperature: float = 1.0,
-               top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
-               eos_ids: Sequence[int] | int | None = None, pad_id: int = 0, mesh=None,
-               min_new_tokens: int = 0, end_with_eos: bool = False,
-               prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
-               batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, length_buckets: int = 1,
-               share_prompts: bool = True):
-    if eos_ids is None:
-      eos_ids = ()
-    elif isinstance(eos_ids, (int, np.integer)):
-      eos_ids = (eos_ids,)
-    self.model_config = model_config
-    self.options = SamplingOptions(
-        max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
-        top_p=float(top_p), greedy=bool(greedy), eos_ids=tuple(int(e) for e in eos_ids),
-        pad_id=int(pad_id), min_new_tokens=int(min_new_tokens), end_with_eos=bool(end_with_eos))
+  def __init__(self, model_config: ModelConfig, options: SamplingOptions, *, mesh=None,
+               buckets: Buckets = Buckets(), share_prompts: bool = True):
+    self.model_config, self.options, self.share_prompts = model_config, options, share_prompts
     self.mesh = mesh if mesh is not None else sharding.make_mesh("searcher", jax.devices()[:1])
     data = sharding.batch_size_multiple("searcher", self.mesh)
-    self.prompt_buckets = tuple(sorted(prompt_buckets))
-    self.batch_buckets = tuple(sorted({-(-b // data) * data for b in batch_buckets}))
-    self.length_buckets = length_buckets
-    self.share_prompts = share_prompts
+    self.prompt_buckets = tuple(sorted(buckets.prompt))
+    self.batch_buckets = tuple(sorted({-(-b // data) * data for b in buckets.batch}))
+    self.length_buckets = buckets.length
     self.param_shardings = sharding.param_shardings(model_config, "searcher", self.mesh)
 
   def __call__(self, params: Params, prompts: Sequence[Sequence[int]], rng_key,
@@ -429,12 +369,12 @@ class Sampler:
 
     params = jax.device_put(params, self.param_shardings)
     rows = lambda x: jax.device_put(x, sharding.batch_sharding("searcher", self.mesh, x.ndim))
-    state = _prefill_program(
-        params, rows(tokens), rows(mask), jax.device_put(rng_key, sharding.replicated(self.mesh)),
-        rows(np.arange(b, dtype=np.int32)), rows(row_valid),
-        jax.device_put(np.float32(temperature), sharding.replicated(self.mesh)),
-        None if source is None else rows(source),
-        model_config=self.model_config, options=self.options, mesh=self.mesh)
+    batch = PrefillBatch(rows(tokens), rows(mask), rows(np.arange(b, dtype=np.int32)),
+                         rows(row_valid), None if source is None else rows(source))
+    replicated = lambda x: jax.device_put(x, sharding.replicated(self.mesh))
+    state = _prefill_program(params, batch, replicated(rng_key),
+                             replicated(np.float32(temperature)), model_config=self.model_config,
+                             options=self.options, mesh=self.mesh)
     state = _decode_program(params, state, model_config=self.model_config, options=self.options)
     # The one host sync of a call: fetch the outputs, drop the padding rows.
     out = jax.device_get((state.tokens, state.logprobs, state.tempered_logprobs, state.lengths,
@@ -443,18 +383,12 @@ class Sampler:
                     lengths=out[3][:n], num_decode_steps=int(out[4]))
 
 
-def generate(model_config: ModelConfig, params: Params, prompts: Sequence[Sequence[int]], *,
-             max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             greedy: bool = False, eos_ids: Sequence[int] | int | None = None, pad_id: int = 0,
-             seed: int = 0, mesh=None, min_new_tokens: int = 0,
-             end_with_eos: bool = False) -> Rollouts:
+def generate(model_config: ModelConfig, params: Params, prompts: Sequence[Sequence[int]],
+             options: SamplingOptions, *, seed: int = 0, mesh=None) -> Rollouts:
   """Completions of `prompts` (lists of token ids, different lengths allowed).
 
   See `Rollouts` for the outputs and `Sampler` for buckets and placement
   (continuous.generate: the same outputs with at most N rows in flight).
-  eos_ids=None never stops early. Compiled programs are cached across calls.
+  No eos_ids: never stops early. Compiled programs are cached across calls.
   """
-  sampler = Sampler(model_config, max_new_tokens=max_new_tokens, temperature=temperature,
-                    top_k=top_k, top_p=top_p, greedy=greedy, eos_ids=eos_ids, pad_id=pad_id,
-                    mesh=mesh, min_new_tokens=min_new_tokens, end_with_eos=end_with_eos)
-  return sampler(params, prompts, jax.random.key(seed))
+  return Sampler(model_config, options, mesh=mesh)(params, prompts, jax.random.key(seed))

@@ -1,6 +1,10 @@
 """A searcher: its prompt shard, the lagging policy, the frozen reference, rewards.
 
-  searcher = Searcher(id, rows=StaticRows(sampler), ...)   # or streaming.StreamingRows
+  searcher = Searcher(id, rows=StaticRows(sampler),        # or streaming.StreamingRows
+                      mailbox=weight_sync.Mailbox(0, params),
+                      prompts=PromptShard(ids, tokens, problems, max_len),
+                      scoring=Scoring(reward, decode, ref_params),
+                      num_prompts=P, num_samples=S, seed=seed)
   searcher.search_once()   # at least num_prompts more prompt groups scored and committed
 
 A searcher has two halves. Its `rows`, a `RowSource` (tba_jax/rows.py), samples:
@@ -31,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -81,6 +85,31 @@ class PromptStream:
   def load_state_dict(self, state: dict) -> None:
     self.epoch, self.position = int(state["epoch"]), int(state["position"])
     self.requeued = [int(i) for i in state.get("requeued", [])]  # absent in older checkpoints
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptShard:
+  """The prompts a searcher samples: its shard of the prompt ids (a stride over every
+  searcher of the run, walked by a PromptStream), and by prompt id the token ids and the
+  task data (dicts the run's searchers share)."""
+  ids: Sequence[int]
+  tokens: Mapping[int, Sequence[int]]
+  problems: Mapping[int, Problem]
+  max_len: int  # the prompts' token budget (task.max_prompt_len): the scoring passes' width
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoring:
+  """What `Searcher.score` needs besides the samples: the task's reward stage built on the
+  searcher's devices, the detokenizer whose texts it reads, and the reference policy:
+  `ref_params` of `ref_model_config` (None: the sampler's model; a LoRA policy's reference is
+  its base model, adapters off), on the same devices. Every `mismatch_every`-th search the
+  samples' log-probs are recomputed as the trainer would (0: never)."""
+  reward: RewardFn
+  decode: Callable[[Sequence[int]], str]
+  ref_params: Params
+  ref_model_config: ModelConfig | None = None
+  mismatch_every: int = 0
 
 
 # Teacher-forced per-token log-probs of the completion columns (the function the trainer's
@@ -167,25 +196,25 @@ class Searcher:
   """Generates, scores and stores completions for one shard of the prompts.
 
   `rows` samples (its sampler holds the model, its devices, the temperature and the
-  special ids); `reward` is the task's reward stage built on the same devices. The
-  reference is `ref_params` of `ref_model_config` (None: the sampler's model; a LoRA
-  policy's reference is its base model, adapters off).
+  special ids) with the newest weights in `mailbox`; `prompts` are the ones it samples,
+  `num_prompts` groups of `num_samples` rows per search, and `scoring` how they are scored.
+  Its randomness comes from (seed, searcher_id): the order of its shard, each batch's key
+  and temperature (`explore`), so a resumed or restarted searcher repeats its choices.
   """
 
-  def __init__(self, searcher_id: int, *, rows: RowSource, ref_params: Params,
-               mailbox: Mailbox, stream: PromptStream, prompt_tokens: dict[int, list[int]],
-               problems: dict[int, Problem], decode: Callable[[Sequence[int]], str],
-               reward: RewardFn, num_prompts: int, num_samples: int, max_prompt_len: int,
-               seed: int, ref_model_config: ModelConfig | None = None,
-               explore: Exploration = Exploration(), mismatch_every: int = 0):
+  def __init__(self, searcher_id: int, *, rows: RowSource, mailbox: Mailbox,
+               prompts: PromptShard, scoring: Scoring, num_prompts: int, num_samples: int,
+               seed: int, explore: Exploration = Exploration()):
     self.id, self.rows, self.explore, self.seed = searcher_id, rows, explore, seed
-    self.mismatch_every = mismatch_every  # searches between sampler-vs-trainer checks (0: off)
-    self.ref_params = ref_params  # frozen reference, on this searcher's devices
-    self.ref_model_config = ref_model_config or rows.sampler.model_config
-    self.mailbox, self.stream = mailbox, stream
-    self.prompt_tokens, self.problems = prompt_tokens, problems
-    self.decode, self.reward = decode, reward
-    self.num_prompts, self.num_samples, self.max_prompt_len = num_prompts, num_samples, max_prompt_len
+    self.mailbox, self.stream = mailbox, PromptStream(prompts.ids, seed=seed + searcher_id)
+    # What a row source reads of its searcher (rows.Feed), and the scoring pass's widths.
+    self.prompt_tokens, self.problems = prompts.tokens, prompts.problems
+    self.max_prompt_len = prompts.max_len
+    self.num_prompts, self.num_samples = num_prompts, num_samples
+    self.decode, self.reward = scoring.decode, scoring.reward
+    self.ref_params = scoring.ref_params  # swapped by set_reference (reference resets)
+    self.ref_model_config = scoring.ref_model_config or rows.sampler.model_config
+    self.mismatch_every = scoring.mismatch_every  # searches between sampler-vs-trainer checks
     self.key = jax.random.fold_in(jax.random.key(seed), searcher_id)
     self.buffer = Staged()  # committed entries, drained into the global buffer
     self.stats = SearchStats()

@@ -38,7 +38,7 @@ from typing import Sequence
 import jax
 
 from tba_jax import continuous, paged_kv
-from tba_jax import turns as turns_lib
+from tba_jax.replies import Replies
 from tba_jax.sampler import Sampler
 from tba_jax.rows import Feed, Group, Sample, Sampled
 
@@ -54,9 +54,8 @@ class _Group:
 class StreamingRows:
   """A RowSource (searcher.py) over a continuous-batching pool of `num_slots` rows (module
   doc); `chunk_steps`, `window_step`, `kv_pages` and `page_size` as continuous.Stream's.
-  `turns`: (environment, encode, decode) of a multi-turn task: the slots are then a
-  turns.TurnPool (replies between model turns, in one full-length KV cache row each: it
-  takes no pages), with continuous.Stream's interface."""
+  `turns`: (environment, encode, decode) of a multi-turn task: the pool's rows then take
+  turns (replies between model turns: continuous.py, replies.py)."""
 
   def __init__(self, sampler: Sampler, *, num_slots: int, in_flight_updates: bool = True,
                chunk_steps: int = continuous.DEFAULT_CHUNK_STEPS,
@@ -66,6 +65,7 @@ class StreamingRows:
     self.kv_pages, self.page_size = kv_pages, page_size  # paged_kv.py (0: full rows)
     self.sampler, self.num_slots, self.in_flight_updates = sampler, num_slots, in_flight_updates
     self.turns = turns
+    self._replies = None if turns is None else Replies(*turns)  # one thread pool
     self.chunk_steps, self.window_step = chunk_steps, window_step
     self.num_groups = 0  # prompt groups taken; group g samples rows g*S .. g*S+S-1
     self._groups: dict[int, _Group] = {}  # taken and not handed back, in taking order
@@ -84,25 +84,22 @@ class StreamingRows:
     for g in ready:
       group = self._groups.pop(g)
       groups.append(Group(group.prompt_id, group.temperature, tuple(
-          c.sample() if self.turns else
-          Sample(c.tokens, c.tempered_logprobs, c.first_version, c.last_version)
+          # A multi-turn row's masks and counters: TurnStats' fields are Sample's.
+          Sample(c.tokens, c.tempered_logprobs, c.first_version, c.last_version,
+                 **(vars(c.turn_stats) if c.turn_stats else {}))
           for c in (group.ended[k] for k in range(s)))))
     return Sampled(groups, (self._slots.version, self._slots.params))
 
   def _take_weights(self, feed: Feed) -> None:
     """The mailbox's newest weights, between two decode chunks (module doc, Weights)."""
     version, params = feed.mailbox.get()
-    if self._slots is None and self.turns:
-      self._slots = turns_lib.TurnPool(
-          self.sampler, *self.turns, params, jax.random.fold_in(feed.key, 0),
-          num_slots=self.num_slots, max_prompt_len=feed.max_prompt_len,
-          chunk_steps=self.chunk_steps, version=version)
-    elif self._slots is None:
+    if self._slots is None:
       self._slots = continuous.Stream(
           self.sampler, params, jax.random.fold_in(feed.key, 0), num_slots=self.num_slots,
           max_prompt_len=feed.max_prompt_len, chunk_steps=self.chunk_steps,
-          window_step=self.window_step, version=version, kv_pages=self.kv_pages,
-          page_size=self.page_size)
+          window_step=self.window_step, kv_pages=self.kv_pages, page_size=self.page_size,
+          replies=self._replies)
+      self._slots.set_params(params, version)
     elif version != self._slots.version and (self.in_flight_updates or not self._slots.busy()):
       self._slots.set_params(params, version)
 
@@ -119,11 +116,9 @@ class StreamingRows:
         g, self.num_groups = self.num_groups, self.num_groups + 1
         temperature = feed.temperature(g)
         self._groups[g] = _Group(prompt_id, temperature)
-      rows = ([feed.prompt_tokens[prompt_id]] * s, range(g * s, g * s + s), temperature)
-      if self.turns:  # an environment's replies see the row's problem
-        slots.add(*rows, problems=[feed.problems[prompt_id]] * s)
-      else:
-        slots.add(*rows)
+      slots.add([feed.prompt_tokens[prompt_id]] * s, range(g * s, g * s + s), temperature,
+                # (an environment's replies see the row's problem)
+                problems=[feed.problems[prompt_id]] * s if self.turns else None)
 
   def committed(self, groups: Sequence[Group]) -> None:
     pass  # handed-back groups left the pool already

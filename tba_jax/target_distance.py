@@ -60,7 +60,7 @@ import jax
 import numpy as np
 
 from tba_jax import batch as batch_lib
-from tba_jax import losses, sharding
+from tba_jax import logprobs, sharding
 from tba_jax import model as model_lib
 from tba_jax.tasks import Metric
 
@@ -134,7 +134,7 @@ def _sequence_logprobs(params, tokens, attention, counted, *, model_config, comp
   lp = model_lib.completion_token_logprobs(model_config, params, tokens, attention,
                                            completion_len, temperature,
                                            prompt_group=prompt_group)
-  return losses.masked_sum(lp, counted)
+  return logprobs.masked_sum(lp, counted)
 
 
 def sequence_logprobs(model_config, params, rows: Rows, spec: TargetDistance,

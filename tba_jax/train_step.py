@@ -1,27 +1,22 @@
-"""Jitted, sharded VarGrad-TB update on the trainer mesh (objectives in losses.py).
+"""Jitted, sharded VarGrad-TB update on the trainer mesh (objectives in losses.py, the
+optimizer and its lr schedules in optim.py).
 
 One update = forward + backward over a TrainBatch (optionally in micro-batches
-that each hold whole prompt groups), then optax AdamW. Everything runs in one
+that each hold whole prompt groups), then the optimizer's step. Everything runs in one
 jitted program on the trainer mesh: parameters and optimizer moments FSDP-
 sharded (sharding.param_shardings), the batch split over "fsdp", the train
-state donated so its buffers are reused in place.
+state donated so its buffers are reused in place. `make_update` takes what the update
+minimises (`Objective`) and how its forward runs (`Forward`).
 
-Precision (the params dtype is whatever `init_state` got; `compute_dtype` is an
-argument of `make_update`):
+Precision (the params dtype is whatever `init_state` got; the forward's is `Forward.dtype`):
 - float32 params, compute float32: everything in float32.
-- float32 master weights: float32 params, compute_dtype="bfloat16". The loss
+- float32 master weights: float32 params, compute "bfloat16". The loss
   casts the params to bfloat16 inside the program, so the forward/backward run
   in bfloat16 while gradients flow back through the cast as float32; AdamW
   moments and the weight update are float32 (configs/gsm8k.py:rho1b_stable).
-- bfloat16 params: params stored in bfloat16, compute bfloat16. With
-  make_optimizer's default the moments and the update math are float32, and
-  each new weight is rounded to bfloat16 once. With moments_dtype="bfloat16"
-  the update is torch.optim.AdamW's on bfloat16 tensors, which is what the
-  authors train with (bf16 model, torch AdamW, no master copy): moments stored
-  in bfloat16 and every step of the arithmetic rounded to it (`adamw_rounded`;
-  configs/gsm8k.py:rho1b). Either way an update below half a bfloat16 ulp of a
-  weight (2^-9 to 2^-8 of its magnitude) is lost: Adam's steps are rarely above
-  the lr, so at lr 1e-5 a weight larger than about 4e-3 rarely moves.
+- bfloat16 params: params stored in bfloat16, compute bfloat16; the moments float32, or
+  bfloat16 with torch's rounding (optim.adamw_rounded: the authors' setup,
+  configs/gsm8k.py:rho1b), each new weight rounded to bfloat16 once (optim.py).
 
 LoRA (`model_config.lora`): the trained parameters are the adapters only (the
 TrainState's params, optimizer moments and gradients cover nothing else); the
@@ -29,21 +24,10 @@ frozen base weights are an argument of every update (`update(state, batch,
 base)`, not donated), in the model dtype (no master copy: they never change),
 combined with the adapters inside the program (lora.py).
 
-Learning-rate schedules are functions of the 1-based update index u, as the
-beta schedules: the authors step their scheduler before each update
-(tba_trainer_gsm8k.py L665), so update u uses lr(u) and the first update of a
-warmup already moves (optax counts from 0; make_optimizer shifts by one).
-
-Update-size control (`DriftControl`, config optim.lr_control="drift"): the step is tied to
-what it does to the policy, not to a horizon. Each update measures its own effect, the
-mean over the batch's rows of |log pi_new(y) - log pi_old(y)| per sequence (pi_old the
-params before it, pi_new after; one extra teacher-forced forward, no backward), and a
-scalar lr scale in the TrainState moves multiplicatively towards the scale that would
-have hit `target`, within [min_scale, 1] (DriftControl.next_scale); the next update's
-optimizer step is multiplied by it (Adam's step is linear in the lr, so this IS an lr
-of lr(u) * scale). It composes with any schedule: the intended pairing is a constant lr
-(the peak) with the controller supplying the decay when, and as far as, the policy
-becomes easy to move (e.g. after its entropy collapses), whatever the task's horizon.
+Update-size control (optim.DriftControl, config optim.lr_control="drift"): each update
+measures what it did to the policy (one extra teacher-forced forward, no backward), and a
+scalar lr scale in the TrainState, multiplying the next update's optimizer step, moves
+towards the scale that would have hit the target.
 
 Loss functions share one signature (`LossFn`) so the same update trains with
 TB (`tb_loss`) or the baselines (`rloo_loss`, `grpo_loss`, `ratio_loss`); their switches are
@@ -54,16 +38,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from tba_jax import lora, losses, model, sharding
+from tba_jax import lora, losses, model, optim, sharding
 from tba_jax.batch import TrainBatch  # noqa: F401  (re-exported: train_step.TrainBatch)
 from tba_jax.layers import Dropout
+from tba_jax.logprobs import masked_sum, token_logprobs_and_entropy
 from tba_jax.model import ModelConfig, Params
 
 
@@ -95,32 +80,6 @@ class LearnedLogZ:
   num_prompts: int
 
 
-@dataclasses.dataclass(frozen=True)
-class DriftControl:
-  """An lr scale that keeps what one update does to the policy near `target` (module doc).
-
-  The measured signal, `update_drift`, is the mean over the trained batch's rows of
-  |log pi_new(y) - log pi_old(y)| (nats per sequence, tempered log-probs over the
-  completion mask), averaged over micro-batches exactly as the loss is. Absolute values,
-  not the KL-style mean of log pi_old - log pi_new: TB raises some of a batch's
-  sequences and lowers others, so the signed mean cancels (its sign is not even fixed:
-  the rows come from older policies, so it is no KL estimate), while the mean |change| is
-  first order in the step and about proportional to the lr. That makes the update of the
-  scale, scale * (target / drift) ** gain, with gain 1 the scale that would have hit the
-  target on this batch; a gain below 1 damps batch-to-batch noise (geometric smoothing).
-  The scale stays in [min_scale, 1]: the lr never exceeds the schedule's and never falls
-  below lr_min = min_scale x optim.learning_rate; a non-finite drift sends it to the floor.
-  """
-  target: float     # nats per sequence per update (optim.drift_target)
-  min_scale: float  # in (0, 1]: optim.lr_min / optim.learning_rate
-  gain: float       # in (0, 1] (optim.drift_gain)
-
-  def next_scale(self, scale: jax.Array, drift: jax.Array) -> jax.Array:
-    """The scale of the next update, after one at `scale` moved the policy by `drift`."""
-    new = scale * (self.target / jnp.maximum(drift, 1e-12)) ** self.gain  # inf: clipped to 1
-    return jnp.clip(jnp.where(jnp.isfinite(drift), new, self.min_scale), self.min_scale, 1.0)
-
-
 # (policy per-token log-probs [N, Tc] float32, batch, beta) -> (loss, scalar metrics)
 LossFn = Callable[[jax.Array, TrainBatch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
 # 1-based trainer step u -> beta (losses.linear_beta / losses.constant_beta, bound); the same
@@ -128,16 +87,52 @@ LossFn = Callable[[jax.Array, TrainBatch, jax.Array], tuple[jax.Array, dict[str,
 BetaSchedule = Callable[[jax.Array], jax.Array]
 
 
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """What an update minimises: `loss_fn` on the policy's completion log-probs tempered at
+  `temperature` (the searchers' sampling temperature), at beta = beta_schedule(u) of the
+  1-based update u (the authors count trainer steps from 1). `ref_weight_schedule(u)`,
+  when given, is passed to the loss as `ref_weight` (tb_loss: the tempered target of
+  losses.py) and reported as "ref_weight"."""
+  loss_fn: LossFn
+  beta_schedule: BetaSchedule
+  temperature: float
+  ref_weight_schedule: BetaSchedule | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Forward:
+  """How an update's forward and backward run."""
+  dtype: str = "float32"     # the compute dtype (module docstring: precision)
+  # Equal micro-batches of whole groups (_group_sorted_microbatches), gradients averaged.
+  num_microbatches: int = 1
+  remat: bool = False        # each layer rematerialised in the backward
+  # K > 1: every batch's rows come in runs of K sharing their prompt (the replay buffer's
+  # slots; micro-batches keep them whole), whose prompt the forward runs once
+  # (model.completion_logits).
+  prompt_group: int = 1
+  # > 0: the model's dropout (model.py) at that rate, masks from (dropout_seed, the
+  # update's step, its micro-batch), so a resumed run draws the masks the uninterrupted
+  # one would. 0: no dropout op at all.
+  dropout: float = 0.0
+  dropout_seed: int = 0
+
+  def dropout_at(self, step, micro) -> Dropout | None:
+    if not self.dropout:
+      return None
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.dropout_seed), step), micro)
+    return Dropout(key, self.dropout)
+
+
 # ---------------------------------------------------------------------------
 # Loss functions with the LossFn signature.
 # ---------------------------------------------------------------------------
-def _sequence_loss(loss, token_logprobs, batch, beta, ratio_clip, **kw):
+def _sequence_loss(loss, token_logprobs, batch, beta, **kw):
   """A sequence-level loss from losses.py on sums over completion_mask."""
   mask = batch.completion_mask
-  return loss(losses.masked_sum(token_logprobs, mask), losses.masked_sum(batch.ref_logprobs, mask),
+  return loss(masked_sum(token_logprobs, mask), masked_sum(batch.ref_logprobs, mask),
               batch.rewards, batch.group_ids, beta,
-              behaviour_logprobs=losses.masked_sum(batch.behaviour_logprobs, mask),
-              ratio_clip=ratio_clip, **kw)
+              behaviour_logprobs=masked_sum(batch.behaviour_logprobs, mask), **kw)
 
 
 def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
@@ -147,21 +142,21 @@ def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
             residual_clip: float | None = None,
             token_kl_coef: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
   """VarGrad TB on sequence sums over completion_mask (losses.trajectory_balance);
-  `log_z` [N]: a learned log Z per row instead; log_z_from_behaviour: VarGrad's
-  estimate from the behaviour log-probs (TBA-prime); residual_clip: Huber at c;
-  token_kl_coef: plus a per-token k3 KL to the reference (losses.py)."""
-  loss, aux = _sequence_loss(losses.trajectory_balance, token_logprobs, batch, beta, ratio_clip,
-                             ref_weight=ref_weight, log_z=log_z,
-                             log_z_from_behaviour=log_z_from_behaviour,
-                             residual_clip=residual_clip)
+  `log_z` [N]: a learned log Z per row instead; ratio_clip, log_z_from_behaviour (VarGrad's
+  estimate from the behaviour log-probs: TBA-prime), residual_clip (Huber at c): its
+  losses.TBSwitches; token_kl_coef: plus a per-token k3 KL to the reference (losses.py)."""
+  switches = losses.TBSwitches(ratio_clip=ratio_clip, residual_clip=residual_clip,
+                               log_z_from_behaviour=log_z_from_behaviour)
+  loss, aux = _sequence_loss(losses.trajectory_balance, token_logprobs, batch, beta,
+                             switches=switches, ref_weight=ref_weight, log_z=log_z)
   metrics = {"log_z_mean": jnp.mean(aux.log_z), "kl": aux.kl,
              "ratio_weight_mean": jnp.mean(aux.weights),
              "residual_abs_mean": jnp.mean(jnp.abs(aux.residuals))}
   if residual_clip is not None:
     metrics["residual_clip_fraction"] = jnp.mean(jnp.abs(aux.residuals) > residual_clip)
   if token_kl_coef is not None:
-    k3 = losses.masked_sum(losses.token_k3(token_logprobs, batch.ref_logprobs,
-                                           batch.completion_mask), batch.completion_mask)
+    k3 = masked_sum(losses.token_k3(token_logprobs, batch.ref_logprobs, batch.completion_mask),
+                    batch.completion_mask)
     loss = loss + 2.0 / beta * token_kl_coef * jnp.mean(k3)
     metrics["token_k3"] = jnp.sum(k3) / jnp.maximum(jnp.sum(batch.completion_mask), 1.0)
   return loss, metrics
@@ -170,7 +165,7 @@ def tb_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
 def rloo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
               ratio_clip: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
   """REINFORCE leave-one-out on sequence sums; Proximal RLOO with ratio_clip (losses.rloo)."""
-  loss, aux = _sequence_loss(losses.rloo, token_logprobs, batch, beta, ratio_clip)
+  loss, aux = _sequence_loss(losses.rloo, token_logprobs, batch, beta, ratio_clip=ratio_clip)
   return loss, {"kl": aux.kl, "advantage_abs_mean": jnp.mean(jnp.abs(aux.advantages)),
                 "clip_fraction": aux.clip_fraction}
 
@@ -196,114 +191,6 @@ def grpo_loss(token_logprobs: jax.Array, batch: TrainBatch, beta: jax.Array, *,
 
 
 # ---------------------------------------------------------------------------
-# Optimizer and learning-rate schedules (functions of the 1-based update u).
-# ---------------------------------------------------------------------------
-def warmup_stable_decay(peak_lr: float, warmup_steps: int, stable_steps: int,
-                        decay_steps: int, final_lr: float = 0.0) -> optax.Schedule:
-  """lr(u): linear warmup u / warmup, constant, cosine decay to final_lr, then final_lr.
-
-  transformers' get_wsd_schedule (linear warmup, cosine decay), which the authors
-  use, with phase LENGTHS (num_stable_steps / num_decay_steps): GSM8K's 50 / 350 /
-  600 over 700 steps cuts the decay off at its midpoint (lr 5e-6 at the end).
-  """
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak_lr, warmup_steps),
-       optax.constant_schedule(peak_lr),
-       optax.cosine_decay_schedule(peak_lr, decay_steps, alpha=final_lr / peak_lr if peak_lr else 0.0)],
-      [warmup_steps, warmup_steps + stable_steps])
-
-
-def warmup_linear(peak_lr: float, warmup_steps: int, total_steps: int,
-                  final_lr: float = 0.0) -> optax.Schedule:
-  """lr(u): linear warmup u / warmup, then linear decay to final_lr at total_steps."""
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak_lr, warmup_steps),
-       optax.linear_schedule(peak_lr, final_lr, max(total_steps - warmup_steps, 1))],
-      [warmup_steps])
-
-
-def warmup_cosine(peak_lr: float, warmup_steps: int, total_steps: int,
-                  final_lr: float = 0.0) -> optax.Schedule:
-  """lr(u): linear warmup u / warmup, then cosine decay to final_lr at total_steps."""
-  return optax.warmup_cosine_decay_schedule(0.0, peak_lr, warmup_steps,
-                                            max(total_steps, warmup_steps + 1), final_lr)
-
-
-def make_optimizer(learning_rate: optax.ScalarOrSchedule, weight_decay: float,
-                   max_grad_norm: float | None, b1: float = 0.9, b2: float = 0.999,
-                   eps: float = 1e-8, moments_dtype: str = "float32"
-                   ) -> optax.GradientTransformation:
-  """AdamW (decoupled decay on every parameter, as torch.optim.AdamW), with
-  optional clipping of the global gradient norm first.
-
-  `learning_rate`: a constant or lr(u) of the 1-based update u (update u uses
-  lr(u)). moments_dtype="bfloat16": `adamw_rounded`, torch's arithmetic on
-  bfloat16 tensors (module docstring); "float32": optax.adamw.
-  """
-  lr = (lambda count: learning_rate(count + 1)) if callable(learning_rate) else learning_rate
-  if moments_dtype == "float32":
-    adamw = optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
-  elif moments_dtype == "bfloat16":
-    adamw = adamw_rounded(lr, b1, b2, eps, weight_decay, jnp.bfloat16)
-  else:
-    raise ValueError(f"moments_dtype={moments_dtype!r}; expected 'float32' or 'bfloat16'")
-  if max_grad_norm is None:
-    return adamw
-  return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)
-
-
-class RoundedAdamState(NamedTuple):
-  count: jax.Array  # int32 updates taken
-  mu: Params        # first moments, in the rounding dtype
-  nu: Params        # second moments, in the rounding dtype
-
-
-def adamw_rounded(learning_rate: optax.ScalarOrSchedule, b1: float, b2: float, eps: float,
-                  weight_decay: float, dtype) -> optax.GradientTransformation:
-  """torch.optim.AdamW's step on `dtype` (bfloat16) tensors, op for op.
-
-  torch (single-tensor and foreach paths alike) computes each in-place op in
-  float32 and rounds its result to the tensor dtype: exp_avg.lerp_(g, 1 - b1);
-  exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2); denom = (exp_avg_sq.sqrt() /
-  sqrt(1 - b2^t)).add_(eps); param.addcdiv_(exp_avg, denom, -lr / (1 - b1^t)).
-  The updates returned are float32 (-step * m / denom) so that the caller's
-  `apply_updates` rounds the new weight once, as addcdiv_ does. Decoupled weight
-  decay is subtracted in the same update (torch multiplies the weight by
-  1 - lr * wd first, one more rounding; identical for wd = 0, the authors').
-  """
-  f32 = lambda x: x.astype(jnp.float32)
-  rnd = lambda x: x.astype(dtype)
-
-  def init(params):
-    zeros = lambda p: jnp.zeros(p.shape, dtype)
-    return RoundedAdamState(jnp.zeros((), jnp.int32), jax.tree.map(zeros, params),
-                            jax.tree.map(zeros, params))
-
-  def update(grads, state, params):
-    lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
-    t = (state.count + 1).astype(jnp.float32)
-    mu = jax.tree.map(lambda m, g: rnd(f32(m) + (1 - b1) * (f32(g) - f32(m))), state.mu, grads)
-    nu = jax.tree.map(lambda v: rnd(f32(v) * b2), state.nu)
-    nu = jax.tree.map(lambda v, g: rnd(f32(v) + (1 - b2) * f32(g) * f32(g)), nu, grads)
-    step = lr / (1 - b1 ** t)
-    bc2_sqrt = jnp.sqrt(1 - b2 ** t)
-
-    def one(m, v, p):
-      denom = rnd(f32(rnd(f32(rnd(jnp.sqrt(f32(v)))) / bc2_sqrt)) + eps)
-      return -step * f32(m) / f32(denom) - lr * weight_decay * f32(p)
-
-    updates = jax.tree.map(one, mu, nu, params)
-    return updates, RoundedAdamState(state.count + 1, mu, nu)
-
-  return optax.GradientTransformation(init, update)
-
-
-def apply_updates(params: Params, updates: Params) -> Params:
-  """New weights: float32 arithmetic, rounded once to each param's dtype."""
-  return jax.tree.map(lambda p, u: (p.astype(jnp.float32) + u).astype(p.dtype), params, updates)
-
-
-# ---------------------------------------------------------------------------
 # State and shardings.
 # ---------------------------------------------------------------------------
 def _float32(tree):
@@ -312,7 +199,7 @@ def _float32(tree):
 
 def state_shardings(model_config: ModelConfig, optimizer: optax.GradientTransformation,
                     mesh: Mesh, learned_log_z: LearnedLogZ | None = None,
-                    drift_control: DriftControl | None = None) -> TrainState:
+                    drift_control: optim.DriftControl | None = None) -> TrainState:
   """TrainState of NamedShardings: the trained params (lora.trained) and every
   param-shaped optimizer leaf FSDP-sharded on the trainer mesh, optimizer scalars,
   the step, log Z and the lr scale replicated."""
@@ -404,65 +291,44 @@ def _group_sorted_microbatches(batch: TrainBatch, num_microbatches: int,
 
 
 def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformation,
-                loss_fn: LossFn, beta_schedule: BetaSchedule, mesh: Mesh, *,
-                temperature: float, compute_dtype: str = "float32",
-                num_microbatches: int = 1, remat: bool = False,
+                objective: Objective, mesh: Mesh, *, forward: Forward = Forward(),
                 lr_schedule: optax.ScalarOrSchedule | None = None,
-                ref_weight_schedule: BetaSchedule | None = None,
-                learned_log_z: LearnedLogZ | None = None, dropout: float = 0.0,
-                dropout_seed: int = 0, prompt_group: int = 1,
-                drift_control: DriftControl | None = None
+                learned_log_z: LearnedLogZ | None = None,
+                drift_control: optim.DriftControl | None = None
                 ) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict[str, jax.Array]]]:
   """The jitted `update(state, batch) -> (state, metrics)` on the trainer `mesh`.
 
-  The state is donated (do not use it after the call). beta for the update
-  that takes the state from step s to s + 1 is beta_schedule(s + 1): the
-  authors count trainer steps from 1. Rows N must split into `num_microbatches`
-  equal micro-batches of whole groups (see _group_sorted_microbatches) whose
-  size is a multiple of the "fsdp" axis (else ValueError when it compiles).
-  Gradients are averaged over micro-batches, which equals the big-batch
-  gradient because every loss here is a mean over sequences of per-group
-  terms, or (a loss_fn taking `tokens_per_row`: ratio_loss) a token sum over the
-  WHOLE batch's counted tokens per row times the micro-batch's rows, given to it here.
-  Compiles once per batch shape.
+  The state is donated (do not use it after the call). beta for the update that takes
+  the state from step s to s + 1 is objective.beta_schedule(s + 1). Rows N must split into
+  `forward.num_microbatches` equal micro-batches of whole groups (_group_sorted_microbatches)
+  whose size is a multiple of the "fsdp" axis (else ValueError when it compiles). Gradients
+  are averaged over micro-batches, which equals the big-batch gradient because every loss
+  here is a mean over sequences of per-group terms, or (a loss_fn taking `tokens_per_row`:
+  ratio_loss) a token sum over the WHOLE batch's counted tokens per row times the
+  micro-batch's rows, given to it here. Compiles once per batch shape.
 
-  metrics (replicated scalars): loss, grad_norm (before clipping), beta, lr
-  (with `lr_schedule`, the learning rate given to make_optimizer: the one this
-  update applies, lr(u) of u = step + 1, times lr_scale with a DriftControl), reward_mean,
-  num_tokens (real prompt + completion tokens: tokens/s is
-  num_tokens over the caller's wall time of the step), completion_tokens, and
-  the loss function's own (TB: log_z_mean, kl, ratio_weight_mean, residual_abs_mean and,
-  with residual_clip, residual_clip_fraction).
+  metrics (replicated scalars): loss, grad_norm (before clipping), beta, lr (with
+  `lr_schedule`, the one given to optim.make_optimizer: lr(u) of u = step + 1, times
+  lr_scale with a DriftControl), reward_mean, num_tokens (real prompt + completion tokens:
+  tokens/s is num_tokens over the caller's wall time of the step), completion_tokens,
+  entropy, policy_drift and the loss function's own (TB: log_z_mean, kl,
+  ratio_weight_mean, residual_abs_mean and, with residual_clip, residual_clip_fraction).
 
   With LoRA the program is `update(state, batch, base)`: `base` the frozen weights
   (lora.frozen; on their trainer shardings), differentiated through but not trained.
-  `ref_weight_schedule(u)`, when given, is passed to the loss as `ref_weight`
-  (tb_loss: the tempered target of losses.py) and reported as "ref_weight".
-  With `learned_log_z` (init_state and state_shardings given the same) the loss
-  gets each row's entry of the state's log Z table as `log_z`, and the table
-  trains alongside the params.
-  `dropout` > 0: the model's dropout (model.py) at that rate in the forward of
-  every update, masks from (dropout_seed, the update's step, its micro-batch), so a
-  resumed run draws the masks the uninterrupted one would. 0: no dropout op at all.
-  `prompt_group` = K > 1: every batch's rows come in runs of K sharing their prompt (the
-  replay buffer's slots; micro-batches keep them whole), whose prompt the forward runs
-  once (model.completion_logits).
+  With `learned_log_z` (init_state and state_shardings given the same) the loss gets each
+  row's entry of the state's log Z table as `log_z`, and the table trains alongside.
   `drift_control` (init_state and state_shardings given the same): the optimizer's step
   is multiplied by the state's lr_scale, the update's effect on the batch is measured by
   one more forward at the new params (per micro-batch, no backward; with dropout two, both
   without it) and the scale updated (DriftControl); metrics lr_scale (the one this update
   applied), update_drift (the mean per-sequence |change| of log pi) and update_drift_max.
   """
-  compute_config = model_config.replace(dtype=compute_dtype)
+  f, num_microbatches = forward, forward.num_microbatches
+  compute_config = model_config.replace(dtype=f.dtype)
   state_sh = state_shardings(model_config, optimizer, mesh, learned_log_z, drift_control)
   # Read once from the signature (functools.partial keeps it; a wrapper needs functools.wraps).
-  per_token = "tokens_per_row" in inspect.signature(loss_fn).parameters
-
-  def dropout_at(step, micro):
-    if not dropout:
-      return None
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(dropout_seed), step), micro)
-    return Dropout(key, dropout)
+  per_token = "tokens_per_row" in inspect.signature(objective.loss_fn).parameters
 
   def policy_logprobs(params, frozen, batch, drop):
     """(per-token log-probs [N, Tc], entropies) of the policy; differentiable in params."""
@@ -472,39 +338,39 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     params = jax.tree.map(lambda p: p.astype(compute_config.jnp_dtype),
                           lora.combine(frozen, params))
     logits = model.completion_logits(compute_config, params, batch.tokens, batch.attention_mask,
-                                     batch.completion_mask.shape[1], remat, drop, prompt_group)
-    return losses.token_logprobs_and_entropy(logits, batch.tokens[:, batch.prompt_len:],
-                                             temperature)
+                                     batch.completion_mask.shape[1], f.remat, drop,
+                                     f.prompt_group)
+    return token_logprobs_and_entropy(logits, batch.tokens[:, batch.prompt_len:],
+                                      objective.temperature)
 
   def sequence_logprobs(params, frozen, batch):
     """log pi(y) [N] of each row, no dropout: what DriftControl compares before and after."""
-    token_lp = policy_logprobs(params, frozen, batch, None)[0]
-    return losses.masked_sum(token_lp, batch.completion_mask)
+    return masked_sum(policy_logprobs(params, frozen, batch, None)[0], batch.completion_mask)
 
-  def objective(trainable, frozen, batch, beta, extra, drop):
+  def objective_fn(trainable, frozen, batch, beta, extra, drop):
     params, log_z = trainable  # log_z: None (VarGrad) or the learned table
     mask = batch.completion_mask
     token_lp, token_entropy = policy_logprobs(params, frozen, batch, drop)
     if log_z is not None:
       extra = {**extra, "log_z": log_z[batch.prompt_ids]}
-    loss, aux = loss_fn(token_lp, batch, beta, **extra)
+    loss, aux = objective.loss_fn(token_lp, batch, beta, **extra)
     # Diagnostics (not differentiated): the policy's per-token entropy where the batch's
     # completions were sampled, and |log pi_theta - log pi_behaviour| per sequence (how far
     # the policy moved since the samples were drawn: staleness in nats). Means over rows of
     # per-row figures, so equal micro-batches average to the whole batch's value.
     counted = jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
-    entropy = losses.masked_sum(token_entropy, mask) / counted
-    drift = losses.masked_sum(jax.lax.stop_gradient(token_lp) - batch.behaviour_logprobs, mask)
+    entropy = masked_sum(token_entropy, mask) / counted
+    drift = masked_sum(jax.lax.stop_gradient(token_lp) - batch.behaviour_logprobs, mask)
     aux = {**aux, "entropy": jnp.mean(entropy), "policy_drift": jnp.mean(jnp.abs(drift))}
     # log pi(y) [rows] before the update, for DriftControl (without it unused: dropped).
-    return loss, (aux, losses.masked_sum(jax.lax.stop_gradient(token_lp), mask))
+    return loss, (aux, masked_sum(jax.lax.stop_gradient(token_lp), mask))
 
-  grad_fn = jax.value_and_grad(objective, has_aux=True)
+  grad_fn = jax.value_and_grad(objective_fn, has_aux=True)
 
   def update_with(state: TrainState, batch: TrainBatch, frozen: Params):
-    beta = beta_schedule(state.step + 1)
-    extra = {} if ref_weight_schedule is None else {"ref_weight":
-                                                    ref_weight_schedule(state.step + 1)}
+    beta = objective.beta_schedule(state.step + 1)
+    extra = ({} if objective.ref_weight_schedule is None else
+             {"ref_weight": objective.ref_weight_schedule(state.step + 1)})
     loss_kw = extra  # extra is reported in the metrics too; the token count is not
     if per_token:
       counted = jnp.sum(batch.completion_mask > 0)
@@ -513,7 +379,7 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     if num_microbatches == 1:
       micro = batch
       (loss, (aux, old_lp)), (grads, log_z_grad) = grad_fn(trainable, frozen, batch, beta,
-                                                           loss_kw, dropout_at(state.step, 0))
+                                                           loss_kw, f.dropout_at(state.step, 0))
       grads = _float32(grads)
     else:
       micro = _group_sorted_microbatches(batch, num_microbatches, mesh)
@@ -521,7 +387,7 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
       def accumulate(grad_sum, micro_batch_and_index):
         micro_batch, i = micro_batch_and_index
         (loss, aux), grads = grad_fn(trainable, frozen, micro_batch, beta, loss_kw,
-                                     dropout_at(state.step, i))
+                                     f.dropout_at(state.step, i))
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
         grad_sum = (jax.lax.with_sharding_constraint(grad_sum[0], state_sh.params), grad_sum[1])
         return grad_sum, (loss, aux)
@@ -538,7 +404,7 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     lr_scale = state.lr_scale
     if drift_control is not None:  # the step is linear in the lr (AdamW's decay term too)
       updates = jax.tree.map(lambda u: u * lr_scale, updates)
-    params = apply_updates(state.params, updates)
+    params = optim.apply_updates(state.params, updates)
     drift_metrics = {}
     if drift_control is not None:
       # What this update did to the policy: log pi(y) of the batch's rows at the new params
@@ -546,7 +412,7 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
       # so the mean over rows is the loss's average over micro-batches.
       measure = lambda p: (sequence_logprobs(p, frozen, micro) if num_microbatches == 1 else
                            jax.lax.map(lambda mb: sequence_logprobs(p, frozen, mb), micro))
-      if dropout:  # the training forward's log-probs had dropout: the old ones again, without
+      if f.dropout:  # the training forward's log-probs had dropout: the old ones again, without
         old_lp = measure(state.params)
       change = jnp.abs(measure(params) - old_lp)
       drift = jnp.mean(change)

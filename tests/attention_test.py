@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hf_models import make_model, padded_batch
-from tba_jax import attention, continuous, hf_checkpoints, lora, losses, model, sampler
+from tba_jax import attention, continuous, hf_checkpoints, logprobs, lora, model, sampler
 from tba_jax.model_config import LoRAConfig, ModelConfig
 
 # Llama (rope), GPT-NeoX (partial rotary, parallel residual, biases), GPT-2 (learned
@@ -68,12 +68,12 @@ def test_pallas_logits_equal_xla_left_and_right_padded(family):
 def test_pallas_greedy_tokens_equal_xla_static_and_streaming(family):
   name, cfg, params = family
   prompts = [[5, 9, 17, 33, 4, 8, 60], [7, 11, 3], [99]]
-  kw = dict(max_new_tokens=8, greedy=True)
-  want = sampler.generate(_impl(cfg, "xla"), params, prompts, **kw)
-  got = sampler.generate(_impl(cfg, "pallas"), params, prompts, **kw)
+  options = sampler.SamplingOptions(max_new_tokens=8, greedy=True)
+  want = sampler.generate(_impl(cfg, "xla"), params, prompts, options)
+  got = sampler.generate(_impl(cfg, "pallas"), params, prompts, options)
   np.testing.assert_array_equal(got.tokens, want.tokens)
   np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
-  streamed = continuous.generate(sampler.Sampler(_impl(cfg, "pallas"), **kw), params, prompts,
+  streamed = continuous.generate(sampler.Sampler(_impl(cfg, "pallas"), options), params, prompts,
                                  jax.random.key(0), num_slots=2, window_step=16)
   np.testing.assert_array_equal(streamed.tokens, want.tokens)
   assert len(set(want.tokens.ravel().tolist())) > 4, name  # the tokens depend on the context
@@ -85,11 +85,11 @@ def test_pallas_greedy_tokens_equal_xla_on_a_tiny_lora_llama(tiny_cfg):
   params = model.init_params(cfg, 2)
   params = {**params, "lm_head": params["lm_head"] * 4.0}  # peaked: greedy ties are rare
   prompts = [[5, 9, 17, 33], [7, 11], [99]]
-  kw = dict(max_new_tokens=6, greedy=True)
-  want = sampler.generate(_impl(cfg, "xla"), params, prompts, **kw)
+  options = sampler.SamplingOptions(max_new_tokens=6, greedy=True)
+  want = sampler.generate(_impl(cfg, "xla"), params, prompts, options)
   np.testing.assert_array_equal(sampler.generate(_impl(cfg, "pallas"), params, prompts,
-                                                 **kw).tokens, want.tokens)
-  streamed = continuous.generate(sampler.Sampler(_impl(cfg, "pallas"), **kw), params, prompts,
+                                                 options).tokens, want.tokens)
+  streamed = continuous.generate(sampler.Sampler(_impl(cfg, "pallas"), options), params, prompts,
                                  jax.random.key(0), num_slots=2, window_step=16)
   np.testing.assert_array_equal(streamed.tokens, want.tokens)
 
@@ -100,7 +100,7 @@ def test_pallas_training_gradients_equal_xla(tiny_cfg):
 
   def loss(p, cfg):
     lp = model.completion_token_logprobs(cfg, p, tokens, mask, 4, 1.0)
-    return losses.masked_sum(lp, mask[:, -4:]).sum()
+    return logprobs.masked_sum(lp, mask[:, -4:]).sum()
 
   got = jax.grad(loss)(params, _impl(tiny_cfg, "pallas"))
   _assert_as_exact_as_xla(got, lambda: jax.grad(loss)(params, _impl(tiny_cfg, "xla")),
@@ -131,9 +131,9 @@ def test_cudnn_is_as_exact_as_xla_in_bfloat16_at_odd_lengths(tiny_cfg):
     assert err["cudnn"] <= 2 * err["xla"] + 1e-3, err
   prompts = [[5, 9, 17, 33, 4, 8, 60], [7, 11, 3], [99]]
   for new in (7, 8):  # a 16-slot prompt bucket: caches of 22 and 23 slots
-    kw = dict(max_new_tokens=new, greedy=True)
-    want = sampler.generate(_impl(bf16, "xla"), half, prompts, **kw)
-    got = sampler.generate(_impl(bf16, "cudnn"), half, prompts, **kw)
+    options = sampler.SamplingOptions(max_new_tokens=new, greedy=True)
+    want = sampler.generate(_impl(bf16, "xla"), half, prompts, options)
+    got = sampler.generate(_impl(bf16, "cudnn"), half, prompts, options)
     np.testing.assert_array_equal(got.tokens[:, 0], want.tokens[:, 0])
     np.testing.assert_allclose(got.logprobs[:, 0], want.logprobs[:, 0], atol=0.05)
 
@@ -222,9 +222,9 @@ def test_auto_on_a_gpu_keeps_gemma3_sliding_windows_in_bfloat16(fake_gpu):
   assert fake_gpu.count("cudnn") == 1  # auto's forward ran cuDNN's arguments
   np.testing.assert_array_equal(logits["auto"], logits["xla"])
   prompts = [list(range(3, 43)), [5, 9, 17, 33, 4, 8, 60]]  # a cache of 40 + 5 slots (odd)
-  kw = dict(max_new_tokens=6, greedy=True)
-  want = sampler.generate(_impl(cfg, "xla"), params, prompts, **kw)
-  got = sampler.generate(_impl(cfg, "auto"), params, prompts, **kw)
+  options = sampler.SamplingOptions(max_new_tokens=6, greedy=True)
+  want = sampler.generate(_impl(cfg, "xla"), params, prompts, options)
+  got = sampler.generate(_impl(cfg, "auto"), params, prompts, options)
   assert fake_gpu.count("cudnn") == 2  # the prefill's
   np.testing.assert_array_equal(got.tokens, want.tokens)
   np.testing.assert_array_equal(got.logprobs, want.logprobs)
@@ -256,11 +256,12 @@ def test_smollm2_pallas_greedy_32_tokens_equal_xla_static_and_streaming():
   cfg, params = hf_checkpoints.load(path)
   rows = [tok.encode(tok.chat_prompt(q)) for q in
           ("What is 17 times 23?", "Name three prime numbers.")]
-  kw = dict(max_new_tokens=32, greedy=True, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
-  want = sampler.generate(_impl(cfg, "xla"), params, rows, **kw)
-  got = sampler.generate(_impl(cfg, "pallas"), params, rows, **kw)
+  options = sampler.SamplingOptions(max_new_tokens=32, greedy=True, eos_ids=tok.eos_ids,
+                                    pad_id=tok.pad_id)
+  want = sampler.generate(_impl(cfg, "xla"), params, rows, options)
+  got = sampler.generate(_impl(cfg, "pallas"), params, rows, options)
   np.testing.assert_array_equal(got.tokens, want.tokens)
-  streamed = continuous.generate(sampler.Sampler(_impl(cfg, "pallas"), **kw), params, rows,
+  streamed = continuous.generate(sampler.Sampler(_impl(cfg, "pallas"), options), params, rows,
                                  jax.random.key(0), num_slots=2)
   np.testing.assert_array_equal(streamed.tokens, want.tokens)
   assert want.lengths.min() > 8

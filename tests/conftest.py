@@ -137,11 +137,8 @@ def eos_searcher(c):
       c.model, tok, "float32", sharding.make_mesh("trainer", devices[:1]), c.seed)
   mesh = sharding.make_mesh("searcher", devices[1:2])
   publish = lambda p, i: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
-  pool = config_builders.searcher_pool(
-      c.sampler, task, tok, cfg, [mesh], publish=publish,
-      params=favouring(cfg, params, tok.eos_ids[0]), reference=None,
-      prompt_tokens=config_builders.encode_prompts(task.train, task, tok, c.task.max_prompt_len),
-      max_prompt_len=c.task.max_prompt_len, seed=0, max_restarts=0)
+  pool = config_builders.searcher_pool(c, task, tok, cfg, [mesh], publish=publish,
+                                       params=favouring(cfg, params, tok.eos_ids[0]))
   return pool, params, tok
 
 

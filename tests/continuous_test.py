@@ -4,7 +4,7 @@ import numpy as np
 import jax
 import pytest
 
-from tba_jax import continuous, model, sampler, sharding
+from tba_jax import continuous, model, sampler, sharding, slot_programs
 
 EOS = tuple(range(3, 12))  # 9 of 128 ids: rows end after 1 to 24 tokens at these settings
 
@@ -45,13 +45,13 @@ def _assert_same(got, want):
 ], ids=["greedy", "sampled", "top_k_top_p", "one_slot", "min_tokens_end_with_eos"])
 def test_outputs_with_num_slots_equal_static_on_a_ragged_batch(tiny_cfg, num_slots, kw):
   params, prompts = _ragged(tiny_cfg)
-  options = dict(max_new_tokens=24, eos_ids=EOS, pad_id=0, **kw)
-  want = sampler.Sampler(tiny_cfg, **options)(params, prompts, jax.random.key(7))
+  options = sampler.SamplingOptions(max_new_tokens=24, eos_ids=EOS, pad_id=0, **kw)
+  want = sampler.Sampler(tiny_cfg, options)(params, prompts, jax.random.key(7))
   # Rows end at very different lengths, some on EOS, some at the limit.
   assert want.lengths.min() <= kw.get("min_new_tokens", 2) + 1 and want.lengths.max() == 24
   assert 0 < (want.lengths == 24).sum() < len(prompts)
   # Windows of 8 slots: rows run under several window sizes (the cache has 36).
-  s = sampler.Sampler(tiny_cfg, **options)
+  s = sampler.Sampler(tiny_cfg, options)
   _assert_same(continuous.generate(s, params, prompts, jax.random.key(7), num_slots=num_slots,
                                    window_step=8, chunk_steps=6), want)
 
@@ -59,8 +59,8 @@ def test_outputs_with_num_slots_equal_static_on_a_ragged_batch(tiny_cfg, num_slo
 def test_eos_padding_and_lengths(tiny_cfg):
   params, prompts = _ragged(tiny_cfg)
   m = 24
-  out = continuous.generate(sampler.Sampler(tiny_cfg, max_new_tokens=m, temperature=0.8,
-                                            eos_ids=EOS, pad_id=0),
+  options = sampler.SamplingOptions(max_new_tokens=m, temperature=0.8, eos_ids=EOS, pad_id=0)
+  out = continuous.generate(sampler.Sampler(tiny_cfg, options),
                             params, prompts, jax.random.key(7), num_slots=4)
   for row, n in zip(range(len(prompts)), out.lengths):
     body = out.tokens[row, :n]
@@ -87,8 +87,8 @@ def test_refills_keep_at_most_num_slots_in_flight_and_share_prompt_prefills(tiny
   distinct = distinct[:5]
   # 4 samples of each prompt, interleaved (identical prompts not adjacent).
   prompts = [distinct[i % 5] for i in range(20)]
-  kw = dict(max_new_tokens=16, temperature=1.0, eos_ids=EOS, pad_id=0)
-  stream = continuous.Stream(sampler.Sampler(tiny_cfg, **kw), params, jax.random.key(5),
+  options = sampler.SamplingOptions(max_new_tokens=16, temperature=1.0, eos_ids=EOS, pad_id=0)
+  stream = continuous.Stream(sampler.Sampler(tiny_cfg, options), params, jax.random.key(5),
                              num_slots=4, chunk_steps=8, max_prompt_len=12)
   stream.add(prompts, range(20))
   got, most = _run_stream(stream)
@@ -97,7 +97,7 @@ def test_refills_keep_at_most_num_slots_in_flight_and_share_prompt_prefills(tiny
   assert st.rows_started == st.rows_finished == 20
   assert st.refills > 5  # slots were refilled as rows ended, not once per 4 rows
   assert st.prefilled_prompts == 5  # each prompt once, shared by its 4 samples
-  want = sampler.Sampler(tiny_cfg, **kw)(params, prompts, jax.random.key(5))
+  want = sampler.Sampler(tiny_cfg, options)(params, prompts, jax.random.key(5))
   for r, c in got.items():
     np.testing.assert_array_equal(c.tokens, want.tokens[r, :want.lengths[r]])
   assert len({tuple(c.tokens) for c in got.values()}) > 5  # samples of a prompt differ
@@ -108,13 +108,13 @@ def test_rows_at_their_own_temperatures_equal_static_calls_at_each(tiny_cfg):
   at two temperatures, share the pool (one compiled program) and each equals a static
   call at its own temperature."""
   params, prompts = _ragged(tiny_cfg)
-  kw = dict(max_new_tokens=16, eos_ids=EOS, pad_id=0)
-  stream = continuous.Stream(sampler.Sampler(tiny_cfg, **kw), params, jax.random.key(5),
+  options = sampler.SamplingOptions(max_new_tokens=16, eos_ids=EOS, pad_id=0)
+  stream = continuous.Stream(sampler.Sampler(tiny_cfg, options), params, jax.random.key(5),
                              num_slots=4, chunk_steps=8, max_prompt_len=12)
   stream.add(prompts[:6], range(6), temperature=0.5)
   stream.add(prompts[6:], range(6, 12), temperature=2.0)
   got, _ = _run_stream(stream)
-  static = sampler.Sampler(tiny_cfg, **kw)
+  static = sampler.Sampler(tiny_cfg, options)
   low = static(params, prompts, jax.random.key(5), temperature=0.5)
   high = static(params, prompts, jax.random.key(5), temperature=2.0)
   for r, c in got.items():
@@ -128,8 +128,8 @@ def test_rows_at_their_own_temperatures_equal_static_calls_at_each(tiny_cfg):
 def test_rows_fed_while_the_stream_runs_equal_static(tiny_cfg):
   """A searcher's pattern: queue more rows between steps, as slots come free."""
   params, prompts = _ragged(tiny_cfg)
-  kw = dict(max_new_tokens=16, temperature=1.0, eos_ids=EOS, pad_id=0)
-  stream = continuous.Stream(sampler.Sampler(tiny_cfg, **kw), params, jax.random.key(5),
+  options = sampler.SamplingOptions(max_new_tokens=16, temperature=1.0, eos_ids=EOS, pad_id=0)
+  stream = continuous.Stream(sampler.Sampler(tiny_cfg, options), params, jax.random.key(5),
                              num_slots=4, chunk_steps=8, max_prompt_len=12)
   got, fed = {}, 0
   while fed < len(prompts) or stream.busy():
@@ -137,7 +137,7 @@ def test_rows_fed_while_the_stream_runs_equal_static(tiny_cfg):
       stream.add(prompts[fed:fed + 2], [fed, fed + 1])
       fed += 2
     got.update((c.row_id, c) for c in stream.step())
-  want = sampler.Sampler(tiny_cfg, **kw)(params, prompts, jax.random.key(5))
+  want = sampler.Sampler(tiny_cfg, options)(params, prompts, jax.random.key(5))
   assert sorted(got) == list(range(len(prompts)))
   for r, c in got.items():
     np.testing.assert_array_equal(c.tokens, want.tokens[r, :want.lengths[r]])
@@ -158,16 +158,16 @@ def test_one_compile_per_slot_count_prompt_bucket_and_window(tiny_cfg, monkeypat
       return fn(*args)
     return wrapped
 
-  monkeypatch.setattr(continuous, "decode_chunk", recording(
-      "decode", continuous.decode_chunk, lambda *a: (a[2].tokens.shape, a[5])))
-  monkeypatch.setattr(continuous, "prefill_prompts", recording(
-      "prefill", continuous.prefill_prompts, lambda *a: a[2].shape))
-  monkeypatch.setattr(continuous, "insert_rows", recording(
-      "insert", continuous.insert_rows, lambda *a: (a[0].tokens.shape, a[1].k.shape)))
+  monkeypatch.setattr(slot_programs, "decode_chunk", recording(
+      "decode", slot_programs.decode_chunk, lambda *a: (a[2].tokens.shape, a[5])))
+  monkeypatch.setattr(slot_programs, "prefill_prompts", recording(
+      "prefill", slot_programs.prefill_prompts, lambda *a: a[2].shape))
+  monkeypatch.setattr(slot_programs, "insert_rows", recording(
+      "insert", slot_programs.insert_rows, lambda *a: (a[0].tokens.shape, a[1].k.shape)))
   params, prompts = _ragged(tiny_cfg)
   # max_new_tokens=21 is used by no other test, so no earlier program is reused.
-  s = sampler.Sampler(tiny_cfg, max_new_tokens=21, temperature=1.0, eos_ids=EOS,
-                      prompt_buckets=(16, 32))
+  s = sampler.Sampler(tiny_cfg, sampler.SamplingOptions(max_new_tokens=21, eos_ids=EOS),
+                      buckets=sampler.Buckets(prompt=(16, 32)))
   run = lambda prompts, key: continuous.generate(s, params, prompts, key, num_slots=4,
                                                  window_step=8)
   run(prompts, jax.random.key(0))
@@ -191,9 +191,10 @@ def test_one_compile_per_slot_count_prompt_bucket_and_window(tiny_cfg, monkeypat
 def test_rows_placed_after_a_weight_swap_decode_under_the_new_weights(tiny_cfg):
   old, prompts = _ragged(tiny_cfg)
   new = _params(tiny_cfg, seed=9)
-  kw = dict(max_new_tokens=16, temperature=0.9, eos_ids=EOS, pad_id=0)
-  stream = continuous.Stream(sampler.Sampler(tiny_cfg, **kw), old, jax.random.key(3),
-                             num_slots=4, chunk_steps=4, max_prompt_len=12, version=0)
+  options = sampler.SamplingOptions(max_new_tokens=16, temperature=0.9, eos_ids=EOS, pad_id=0)
+  stream = continuous.Stream(sampler.Sampler(tiny_cfg, options), old, jax.random.key(3),
+                             num_slots=4, chunk_steps=4, max_prompt_len=12)
+  stream.set_params(old, version=0)
   stream.add(prompts, range(len(prompts)))
   got = {c.row_id: c for c in stream.step()}
   before = {j: stream.slots[j].row_id for j in range(4) if stream.slots[j] is not None}
@@ -201,7 +202,7 @@ def test_rows_placed_after_a_weight_swap_decode_under_the_new_weights(tiny_cfg):
   rest, _ = _run_stream(stream)
   got.update(rest)
   assert sorted(got) == list(range(len(prompts)))
-  static = sampler.Sampler(tiny_cfg, **kw)
+  static = sampler.Sampler(tiny_cfg, options)
   want_new = static(new, prompts, jax.random.key(3))
   spanning = set(before.values())
   for r, c in got.items():
@@ -215,11 +216,11 @@ def test_rows_placed_after_a_weight_swap_decode_under_the_new_weights(tiny_cfg):
 @pytest.mark.slow  # ~11 s; the static sampler's four-device test stays default
 def test_same_outputs_on_a_four_device_mesh(tiny_cfg):
   params, prompts = _ragged(tiny_cfg)
-  kw = dict(max_new_tokens=12, temperature=1.0, top_p=0.95, eos_ids=EOS)
-  want = sampler.generate(tiny_cfg, params, prompts, seed=11, **kw)
+  options = sampler.SamplingOptions(max_new_tokens=12, temperature=1.0, top_p=0.95, eos_ids=EOS)
+  want = sampler.generate(tiny_cfg, params, prompts, options, seed=11)
   mesh = sharding.make_mesh("searcher", jax.devices()[4:], tensor=2)  # data 2 x tensor 2
   placed = jax.device_put(params, sharding.param_shardings(tiny_cfg, "searcher", mesh))
-  got = continuous.generate(sampler.Sampler(tiny_cfg, mesh=mesh, **kw), placed, prompts,
+  got = continuous.generate(sampler.Sampler(tiny_cfg, options, mesh=mesh), placed, prompts,
                             jax.random.key(11), num_slots=4)
   _assert_same(got, want)
 
@@ -228,20 +229,21 @@ def test_bad_arguments_are_refused(tiny_cfg):
   params = model.init_params(tiny_cfg)
   mesh = sharding.make_mesh("searcher", jax.devices()[:2])
   key = jax.random.key(0)
+  options = sampler.SamplingOptions(max_new_tokens=4)
   with pytest.raises(ValueError, match="num_slots=3 must be a positive multiple"):
-    continuous.Stream(sampler.Sampler(tiny_cfg, max_new_tokens=4, mesh=mesh), params, key,
+    continuous.Stream(sampler.Sampler(tiny_cfg, options, mesh=mesh), params, key,
                       num_slots=3, max_prompt_len=4)
   with pytest.raises(ValueError, match="chunk_steps"):
-    continuous.Stream(sampler.Sampler(tiny_cfg, max_new_tokens=4), params, key, num_slots=2,
+    continuous.Stream(sampler.Sampler(tiny_cfg, options), params, key, num_slots=2,
                       chunk_steps=0, max_prompt_len=4)
-  stream = continuous.Stream(sampler.Sampler(tiny_cfg, max_new_tokens=4), params, key,
+  stream = continuous.Stream(sampler.Sampler(tiny_cfg, options), params, key,
                              num_slots=2, max_prompt_len=4)
   with pytest.raises(ValueError, match="exceeds this stream's max_prompt_len"):
     stream.add([[1] * 40], [0])
   with pytest.raises(ValueError, match="at least one token"):
     stream.add([[]], [0])
   with pytest.raises(ValueError, match="num_slots=0 must be a positive multiple"):
-    continuous.Stream(sampler.Sampler(tiny_cfg, max_new_tokens=4), params, key, num_slots=0,
+    continuous.Stream(sampler.Sampler(tiny_cfg, options), params, key, num_slots=0,
                       max_prompt_len=4)
 
 
@@ -256,9 +258,10 @@ def test_smollm2_gsm8k_samples_with_num_slots_equal_static():
     questions = [json.loads(line)["question"] for line in f][:3]
   rows = [tok.encode(tok.chat_prompt(q)) for q in questions for _ in range(3)]
   cfg, params = hf_checkpoints.load(path)
-  kw = dict(max_new_tokens=48, temperature=0.7, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
-  want = sampler.generate(cfg, params, rows, seed=1, **kw)
-  got = continuous.generate(sampler.Sampler(cfg, **kw), params, rows, jax.random.key(1),
+  options = sampler.SamplingOptions(max_new_tokens=48, temperature=0.7, eos_ids=tok.eos_ids,
+                                    pad_id=tok.pad_id)
+  want = sampler.generate(cfg, params, rows, options, seed=1)
+  got = continuous.generate(sampler.Sampler(cfg, options), params, rows, jax.random.key(1),
                             num_slots=4)
   assert len(set(want.lengths.tolist())) > 1  # ragged
   np.testing.assert_array_equal(got.tokens, want.tokens)

@@ -212,10 +212,10 @@ TF_EOS, TEMPERATURE, MAX_NEW = 3, 0.8, 5
 
 def _tiny_evaluator(cfg, mesh, num_samples=4, reference_cfg=None, **kw):
   from tba_jax.batch import Layout
-  from tba_jax.sampler import Sampler
+  from tba_jax.sampler import Sampler, SamplingOptions
   from tba_jax.target_distance import TargetDistance
-  sampler = lambda c: Sampler(c, max_new_tokens=MAX_NEW, temperature=TEMPERATURE,
-                              eos_ids=(TF_EOS,), mesh=mesh)
+  options = SamplingOptions(max_new_tokens=MAX_NEW, temperature=TEMPERATURE, eos_ids=(TF_EOS,))
+  sampler = lambda c: Sampler(c, options, mesh=mesh)
   target = TargetDistance(Layout(4, MAX_NEW, 0), TEMPERATURE, include_eos=True, mesh=mesh,
                           reference_sampled=sampler(reference_cfg) if reference_cfg else None)
   # Right when the first token is even: about half the samples of a random model.

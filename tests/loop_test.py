@@ -8,13 +8,16 @@ import numpy as np
 import pytest
 
 from configs import gsm8k as gsm8k_config
-from tba_jax import config_builders, faults, hf_checkpoints, loop, model, sharding, train_step
+from tba_jax import (config_builders, faults, hf_checkpoints, loop, model, optim, run_checkpoints,
+                     sharding, train_step)
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax import verifiers, weight_sync
 from tba_jax.checkpoint import ConfigMismatchError
+from tba_jax.kv_cache import KVCache
 from tba_jax.metrics import read_jsonl
-from tba_jax.model import KVCache, ModelConfig, init_params
-from tba_jax.sampler import Sampler
+from tba_jax.model import ModelConfig, init_params
+from tba_jax.run_evaluation import RunEvaluation
+from tba_jax.sampler import Sampler, SamplingOptions
 from tba_jax.searcher import PromptStream, Searcher
 from tba_jax.tasks import Task
 
@@ -80,20 +83,21 @@ def _plain_synchronous_loop(c, task, tokenizer):
   searcher_mesh = sharding.make_mesh("searcher", devices[1:2])
   cfg = ModelConfig(**c.model.random.to_dict(), dtype="float32")
   params = init_params(cfg, c.seed, sharding.param_shardings(cfg, "trainer", trainer_mesh))
-  optimizer = train_step.make_optimizer(c.optim.learning_rate, c.optim.weight_decay,
-                                        c.optim.grad_clip_norm, c.optim.b1, c.optim.b2)
+  optimizer = optim.make_optimizer(c.optim.learning_rate, c.optim.weight_decay,
+                                   c.optim.grad_clip_norm, c.optim.b1, c.optim.b2)
   state = train_step.init_state(params, optimizer,
                                 train_step.state_shardings(cfg, optimizer, trainer_mesh))
-  update = train_step.make_update(cfg, optimizer, config_builders.loss_fn(c.loss),
-                                  config_builders.beta_schedule(c.loss), trainer_mesh,
-                                  temperature=c.sampler.temperature,
-                                  prompt_group=c.buffer.samples_per_prompt)
+  objective = train_step.Objective(config_builders.loss_fn(c.loss),
+                                   config_builders.beta_schedule(c.loss), c.sampler.temperature)
+  update = train_step.make_update(
+      cfg, optimizer, objective, trainer_mesh,
+      forward=train_step.Forward(prompt_group=c.buffer.samples_per_prompt))
   to_searcher = lambda p: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher",
                                                                           searcher_mesh))
   ref = to_searcher(state.params)
-  sampler = Sampler(cfg, max_new_tokens=c.sampler.max_new_tokens,
-                    temperature=c.sampler.temperature, eos_ids=tokenizer.eos_ids,
-                    pad_id=tokenizer.pad_id, mesh=searcher_mesh)
+  sampler = Sampler(cfg, SamplingOptions(
+      max_new_tokens=c.sampler.max_new_tokens, temperature=c.sampler.temperature,
+      eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id), mesh=searcher_mesh)
   stream = PromptStream([p.id for p in task.train], seed=c.seed)
   golds = {p.id: p.target for p in task.train}
   key = jax.random.fold_in(jax.random.key(c.seed), 0)
@@ -206,7 +210,7 @@ def test_sigterm_while_the_buffer_prefills_checkpoints_step_0_and_the_resume_fil
   for run in (1, 2):
     assert loop.run(c, str(tmp_path), task=toy_task(c)) == {
         "step": 0, "terminated": True, "signal": "SIGTERM",
-        **loop._buffer_summary(_saved_buffer(tmp_path, 0))}
+        **run_checkpoints.buffer_summary(_saved_buffer(tmp_path, 0))}
     assert merged == [8] * 3 * run and os.listdir(tmp_path / "checkpoints") == ["0"]
     assert len(_saved_buffer(tmp_path, 0)) == 24 * run  # the resume went on filling
   assert "Resumed from step 0 (24 buffer entries" in capsys.readouterr().out
@@ -440,9 +444,9 @@ def test_searchers_sample_in_the_model_dtype_under_float32_master_weights(tmp_pa
   seen = {"configs": [], "params": set()}
 
   class Recording(Sampler):
-    def __init__(self, model_config, **kw):
+    def __init__(self, model_config, *args, **kw):
       seen["configs"].append(model_config)
-      super().__init__(model_config, **kw)
+      super().__init__(model_config, *args, **kw)
 
     def __call__(self, params, prompts, key, **kw):
       seen["params"] |= {x.dtype for x in jax.tree.leaves(params)}
@@ -551,13 +555,13 @@ def test_evaluations_do_not_count_against_max_train_seconds(tmp_path, monkeypatc
   skipped = [0.0]
   monkeypatch.setattr(loop, "time", type("Clock", (), {
       "perf_counter": staticmethod(lambda: real_time.perf_counter() + skipped[0])}))
-  evaluate = loop._Evaluation.__call__
+  evaluate = RunEvaluation.__call__
 
   def slow(self, *args, **kw):
     skipped[0] += 1000.0
     return evaluate(self, *args, **kw)
 
-  monkeypatch.setattr(loop._Evaluation, "__call__", slow)
+  monkeypatch.setattr(RunEvaluation, "__call__", slow)
   c = tiny_config(num_train_steps=4, max_train_seconds=500.0, eval=dict(every=1),
                   sync=dict(mode="alternate", every=1), mesh=dict(num_devices=1))
   assert loop.run(c, str(tmp_path), task=toy_task(c))["step"] == 4

@@ -9,7 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from tba_jax import config_builders, lora, losses, model, sampler, sharding, train_step, weight_sync
+from tba_jax import (config_builders, logprobs, lora, losses, model, optim, sampler, sharding,
+                     train_step, weight_sync)
 from tba_jax.config_checks import ConfigError
 from tba_jax.model import LoRAConfig, ModelConfig
 
@@ -147,9 +148,9 @@ def test_config_errors_name_the_lora_key():
 # ---------------------------------------------------------------------------
 def _update(cfg, optimizer, num_devices=1, loss_fn=train_step.tb_loss):
   mesh = sharding.make_mesh("trainer", jax.devices()[:num_devices])
-  update = train_step.make_update(cfg, optimizer, loss_fn,
-                                  functools.partial(losses.constant_beta, beta=0.5), mesh,
-                                  temperature=TEMPERATURE)
+  objective = train_step.Objective(loss_fn, functools.partial(losses.constant_beta, beta=0.5),
+                                   TEMPERATURE)
+  update = train_step.make_update(cfg, optimizer, objective, mesh)
   place = lambda tree: jax.device_put(
       tree, lora.frozen(cfg, sharding.param_shardings(cfg, "trainer", mesh)))
   return update, train_step.state_shardings(cfg, optimizer, mesh), place
@@ -185,7 +186,7 @@ def test_only_the_adapters_train_and_their_gradient_is_the_merged_models(tiny_cf
 
 def test_the_optimizer_state_holds_only_adapters(tiny_cfg):
   cfg = with_lora(tiny_cfg, targets=("q", "v"))
-  optimizer = train_step.make_optimizer(1e-3, 0.0, 1.0)
+  optimizer = optim.make_optimizer(1e-3, 0.0, 1.0)
   _, shardings, _ = _update(cfg, optimizer)
   state = train_step.init_state(lora.init_adapters(cfg), optimizer, shardings)
   adapter_shapes = lora.split(jax.tree.map(lambda x: x.shape, model.param_shapes(cfg)))[1]
@@ -206,14 +207,14 @@ def test_tb_and_the_baselines_raise_the_rewarded_completions_on_4_devices(tiny_c
   ids = equal_groups(4, 4, seed=6)
   rewards, favoured = favour_one_per_prompt(ids)
   batch = make_batch(tiny_cfg, 6, ids, base, policy_params=base, rewards=rewards)
-  optimizer = train_step.make_optimizer(1e-3, 0.0, 1.0)
+  optimizer = optim.make_optimizer(1e-3, 0.0, 1.0)
   update, shardings, place = _update(cfg, optimizer, num_devices=4, loss_fn=loss_fn)
   state, frozen = train_step.init_state(lora.init_adapters(cfg), optimizer, shardings), place(base)
   assert frozen["layers"]["mlp"]["up"].sharding.spec == sharding.P(None, "fsdp", None)
   for _ in range(4):
     state, metrics = update(state, batch, frozen)
   assert np.isfinite(float(metrics["loss"]))
-  seq = lambda c, p: np.asarray(losses.masked_sum(
+  seq = lambda c, p: np.asarray(logprobs.masked_sum(
       model.completion_token_logprobs(c, p, batch.tokens, batch.attention_mask, TC,
                                            TEMPERATURE), batch.completion_mask))
   gain = seq(cfg, lora.combine(base, state.params)) - seq(tiny_cfg, base)
@@ -287,11 +288,9 @@ def test_the_reference_logprobs_with_lora_are_the_base_models(tiny_cfg):
   task = Task(train=problems, test=problems, prompt=lambda p: p.fields["question"],
               reward=lambda text, gold: 0.0)
   publish = config_builders.publisher(cfg, base, [searcher_mesh], "float32", trainer_mesh)
-  c = _tiny_config()
-  pool = config_builders.searcher_pool(
-      c.sampler, task, _ByteIds(), cfg, [searcher_mesh], publish=publish, params=adapters,
-      reference=None, prompt_tokens={0: [5, 6, 7], 1: [9, 8]}, max_prompt_len=4, seed=0,
-      max_restarts=0)
+  c = _tiny_config(searcher=dict(max_restarts=0, mismatch_every=0))
+  pool = config_builders.searcher_pool(c, task, _ByteIds(), cfg, [searcher_mesh], publish=publish,
+                                       params=adapters)
   searcher = pool.searchers[0]
   searcher.search_once()
   entries = searcher.buffer.drain_new()
@@ -309,8 +308,11 @@ def test_the_reference_logprobs_with_lora_are_the_base_models(tiny_cfg):
 
 
 class _ByteIds:
-  """What searcher_pool needs of a tokenizer for token-id prompts."""
+  """What searcher_pool needs of a tokenizer, for the prompts "q0" and "q1"."""
   eos_ids, pad_id = (3,), 0
+
+  def encode_prompt(self, text, templated=False):
+    return {"q0": [5, 6, 7], "q1": [9, 8]}[text]
 
   def decode(self, ids):
     return " ".join(map(str, ids))

@@ -11,7 +11,7 @@ import pytest
 
 from tba_jax import batch as batch_lib
 from tba_jax import entries as entries_lib
-from tba_jax import losses, replay_buffer
+from tba_jax import buffer_state, logprobs, replay_buffer
 from tba_jax import train_step as ts
 from tba_jax.model import completion_logits, init_params
 
@@ -48,7 +48,7 @@ def test_gradient_wrt_environment_token_logits_is_exactly_zero(tiny_cfg, loss_fn
                              batch.attention_mask, layout.completion_len)
 
   def loss(logits):
-    lp = losses.token_logprobs(logits, batch.tokens[:, layout.prompt_len:])
+    lp = logprobs.token_logprobs(logits, batch.tokens[:, layout.prompt_len:])
     return loss_fn(lp, batch, jnp.float32(0.1))[0]
 
   grad = np.asarray(jax.grad(loss)(logits))
@@ -82,7 +82,7 @@ def test_states_saved_before_masks_load_with_all_ones():
   buf.add_many(entries)
   state = buf.state_dict()
   # An old state: no model_mask array and no size for it.
-  names = list(replay_buffer._STATE_ARRAYS)
+  names = list(buffer_state.STATE_ARRAYS)
   state["sizes"] = np.delete(state["sizes"], names.index("model_mask"))
   del state["model_mask"]
   again = replay_buffer.ReplayBuffer(8, None, "oldest", seed=0)

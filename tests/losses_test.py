@@ -94,7 +94,7 @@ def test_ratio_clip_weights_squared_residuals_without_gradient():
   assert (w == clip).any() and (w < clip).any()
   want, _, res = np_tb(policy, ref, rewards, ids, beta, weights=w)
   fn = lambda p: losses.trajectory_balance(p, ref, rewards, ids, beta, behaviour_logprobs=behaviour,
-                                           ratio_clip=clip)
+                                           switches=losses.TBSwitches(ratio_clip=clip))
   loss, aux = fn(policy)
   np.testing.assert_allclose(loss, want, rtol=1e-5)
   np.testing.assert_allclose(aux.weights, w, rtol=1e-5)
@@ -104,11 +104,13 @@ def test_ratio_clip_weights_squared_residuals_without_gradient():
   # Off by default, and the default equals an unreachable clip on-policy.
   off, aux_off = losses.trajectory_balance(policy, ref, rewards, ids, beta)
   on_policy, _ = losses.trajectory_balance(policy, ref, rewards, ids, beta,
-                                           behaviour_logprobs=policy, ratio_clip=8.0)
+                                           behaviour_logprobs=policy,
+                                           switches=losses.TBSwitches(ratio_clip=8.0))
   np.testing.assert_allclose(off, on_policy, rtol=1e-6)
   assert np.all(np.asarray(aux_off.weights) == 1)
   with pytest.raises(ValueError, match="behaviour_logprobs"):
-    losses.trajectory_balance(policy, ref, rewards, ids, beta, ratio_clip=clip)
+    losses.trajectory_balance(policy, ref, rewards, ids, beta,
+                              switches=losses.TBSwitches(ratio_clip=clip))
 
 
 def authors_beta(u, beta_0, beta_final, d, stop):
@@ -133,8 +135,8 @@ def test_residual_clip_is_huber_around_the_groups_huber_estimate_of_log_z():
   size = np.abs(res)
   assert (size > clip).any() and (size[size > 0] < clip).any()
   huber = np.where(size <= clip, res ** 2, 2 * clip * size - clip ** 2)
-  fn = jax.jit(lambda p: losses.trajectory_balance(p, ref, rewards, ids, beta,
-                                                   residual_clip=clip))
+  switches = losses.TBSwitches(residual_clip=clip)
+  fn = jax.jit(lambda p: losses.trajectory_balance(p, ref, rewards, ids, beta, switches=switches))
   loss, aux = fn(policy)
   np.testing.assert_allclose(aux.log_z, log_z, rtol=1e-5)
   np.testing.assert_allclose(loss, huber.mean(), rtol=1e-5)
@@ -146,7 +148,8 @@ def test_residual_clip_is_huber_around_the_groups_huber_estimate_of_log_z():
   _, _, plain_res = np_tb(policy, ref, rewards, ids, beta)
   plain = losses.trajectory_balance(policy, ref, rewards, ids, beta)[0]
   wide = losses.trajectory_balance(policy, ref, rewards, ids, beta,
-                                   residual_clip=float(np.abs(plain_res).max()) + 1)[0]
+                                   switches=losses.TBSwitches(
+                                       residual_clip=float(np.abs(plain_res).max()) + 1))[0]
   np.testing.assert_allclose(wide, plain, rtol=1e-6)
 
 
@@ -161,7 +164,7 @@ def test_huber_clipped_tb_gradient_sums_to_zero_per_prompt():
   policy = rng.normal(-20, 3, 16).astype(np.float32)
   ref = (policy + rng.normal(0, 1, 16)).astype(np.float32)
   grad = jax.jit(jax.grad(lambda p: losses.trajectory_balance(
-      p, ref, rewards, ids, 0.05, residual_clip=4.0)[0]))(policy)
+      p, ref, rewards, ids, 0.05, switches=losses.TBSwitches(residual_clip=4.0))[0]))(policy)
   for g in (4, 11):
     assert abs(float(np.sum(grad[ids == g]))) < 1e-5
   wrong = rewards == 0
@@ -250,71 +253,6 @@ def test_linear_beta_known_values():
   assert tldr(31) == pytest.approx(0.05 * 30 / 128 + 1.0 * 98 / 128)  # ~0.777
   assert tldr(32) == pytest.approx(0.05)          # the intentional jump
   assert float(losses.constant_beta(17, 0.05)) == pytest.approx(0.05)
-
-
-def test_completion_mask_eos_switch():
-  lengths = np.array([3, 5, 2, 0])
-  ended = np.array([True, False, True, False])  # row 1 was cut at the length limit
-  with_eos = np.asarray(losses.completion_mask(lengths, ended, 5))
-  without = np.asarray(losses.completion_mask(lengths, ended, 5, include_eos=False))
-  np.testing.assert_array_equal(with_eos, [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1],
-                                           [1, 1, 0, 0, 0], [0, 0, 0, 0, 0]])
-  np.testing.assert_array_equal(without, [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1],
-                                          [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
-  # The switch changes log pi by exactly the EOS token's log-prob.
-  rng = np.random.default_rng(6)
-  logits = rng.normal(size=(4, 5, 11)).astype(np.float32)
-  tokens = rng.integers(0, 11, (4, 5))
-  lp = np.asarray(losses.token_logprobs(logits, tokens))
-  diff = (losses.sequence_logprobs(logits, tokens, with_eos)
-          - losses.sequence_logprobs(logits, tokens, without))
-  np.testing.assert_allclose(diff, [lp[0, 2], 0, lp[2, 1], 0], rtol=1e-6)
-
-
-def test_token_and_sequence_logprobs_are_tempered_log_softmax():
-  rng = np.random.default_rng(7)
-  logits = rng.normal(0, 3, (3, 6, 17)).astype(np.float32)
-  tokens = rng.integers(0, 17, (3, 6))
-  mask = (rng.random((3, 6)) < 0.7).astype(np.float32)
-  t = 0.7
-  z = logits.astype(np.float64) / t
-  log_softmax = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z.max(-1, keepdims=True)
-  want = np.take_along_axis(log_softmax, tokens[..., None], -1)[..., 0]
-  np.testing.assert_allclose(losses.token_logprobs(logits, tokens, t), want, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(losses.sequence_logprobs(logits, tokens, mask, t),
-                             (want * mask).sum(-1), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
-def test_fused_logprobs_and_entropy_match_float64_and_their_gradient_is_analytic(dtype):
-  """token_logprobs_and_entropy: the tempered log-softmax at the tokens and the entropy
-  of softmax(logits / T), as NumPy computes them in float64; its gradient (a custom VJP)
-  is g (onehot - softmax) / T from the log-probs' cotangent g alone (the entropy is a
-  diagnostic), in the logits' dtype."""
-  rng = np.random.default_rng(8)
-  logits = jnp.asarray(rng.normal(0, 3, (3, 6, 17)), dtype)
-  tokens = rng.integers(0, 17, (3, 6))
-  g = rng.normal(size=(3, 6))
-  t = 0.7
-  z = np.asarray(logits, np.float64) / t
-  log_softmax = z - z.max(-1, keepdims=True)
-  log_softmax -= np.log(np.exp(log_softmax).sum(-1, keepdims=True))
-  p = np.exp(log_softmax)
-  lp, entropy = losses.token_logprobs_and_entropy(logits, tokens, t)
-  np.testing.assert_allclose(lp, np.take_along_axis(log_softmax, tokens[..., None], -1)[..., 0],
-                             rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(entropy, -(p * log_softmax).sum(-1), rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(lp, losses.token_logprobs(logits, tokens, t), rtol=1e-6, atol=1e-6)
-
-  def objective(x):  # the entropy enters too: its gradient must not
-    lp, entropy = losses.token_logprobs_and_entropy(x, tokens, t)
-    return jnp.sum(g * lp) + 5.0 * jnp.sum(entropy)
-
-  grad = jax.grad(objective)(logits)
-  assert grad.dtype == logits.dtype
-  want = g[..., None] * (np.eye(17)[tokens] - p) / t
-  tol = 1e-5 if dtype == np.float32 else 2e-2
-  np.testing.assert_allclose(np.asarray(grad, np.float64), want, rtol=tol, atol=tol)
 
 
 def np_rloo_advantages(sampler, ref, rewards, ids, beta):
@@ -423,8 +361,10 @@ def test_log_z_from_behaviour_is_the_sampling_policys_estimate():
   ids = jnp.array([3, 3, 3, 9, 9])
   policy, behaviour, ref = (jnp.asarray(rng.normal(size=5), jnp.float32) for _ in range(3))
   rewards, beta = jnp.array([1.0, 0.0, 1.0, 0.0, 0.0]), 0.5
+  from_behaviour = losses.TBSwitches(log_z_from_behaviour=True)
   loss, aux = losses.trajectory_balance(policy, ref, rewards, ids, beta,
-                                        behaviour_logprobs=behaviour, log_z_from_behaviour=True)
+                                        behaviour_logprobs=behaviour,
+                                        switches=from_behaviour)
   d_b = np.asarray(behaviour - ref - rewards / beta)
   want_z = -np.array([d_b[:3].mean()] * 3 + [d_b[3:].mean()] * 2)
   np.testing.assert_allclose(aux.log_z, want_z, rtol=1e-6)
@@ -432,11 +372,11 @@ def test_log_z_from_behaviour_is_the_sampling_policys_estimate():
   np.testing.assert_allclose(loss, np.mean((want_z + d) ** 2), rtol=1e-6)
   # Its gradient: 2 (log Z_b + d_j) / N per sequence (log Z_b is a constant).
   grad = jax.grad(lambda p: losses.trajectory_balance(
-      p, ref, rewards, ids, beta, behaviour_logprobs=behaviour, log_z_from_behaviour=True)[0])(policy)
+      p, ref, rewards, ids, beta, behaviour_logprobs=behaviour, switches=from_behaviour)[0])(policy)
   np.testing.assert_allclose(grad, 2 * (want_z + d) / 5, rtol=1e-5)
   # On-policy it is VarGrad's own estimate.
   on = losses.trajectory_balance(policy, ref, rewards, ids, beta, behaviour_logprobs=policy,
-                                 log_z_from_behaviour=True)[0]
+                                 switches=from_behaviour)[0]
   np.testing.assert_allclose(on, losses.trajectory_balance(policy, ref, rewards, ids, beta)[0],
                              rtol=1e-6)
 

@@ -8,16 +8,16 @@ import numpy as np
 import optax
 import pytest
 
-from tba_jax import checkpoint, config_checks, lora, loop, losses, model, sharding
+from tba_jax import checkpoint, config_checks, logprobs, lora, loop, model, optim, sharding
 from tba_jax import train_step as ts
 from tba_jax.errors import ConfigError
 
 from lora_test import trained_adapters, with_lora
 from loop_test import tiny_config, toy_task
-from train_step_test import SCHEDULES, TC, TEMPERATURE, equal_groups, make_batch, np_params
+from train_step_test import TB, TC, TEMPERATURE, equal_groups, make_batch, np_params
 
 LR = 3e-3  # AdamW's first step moves every weight by ~LR: the tiny model's sequences by ~0.3 nats
-CONTROL = ts.DriftControl(target=0.05, min_scale=0.01, gain=0.5)
+CONTROL = optim.DriftControl(target=0.05, min_scale=0.01, gain=0.5)
 
 
 def mesh_of(num_devices):
@@ -28,12 +28,11 @@ def mesh_of(num_devices):
 def controlled(cfg, control=CONTROL, num_devices=1, num_microbatches=1, dropout=0.0,
                learned=False):
   """(update, optimizer, state shardings, LearnedLogZ or None), compiled once per case."""
-  mesh, optimizer = mesh_of(num_devices), ts.make_optimizer(LR, 0.0, None)
+  mesh, optimizer = mesh_of(num_devices), optim.make_optimizer(LR, 0.0, None)
   log_z = ts.LearnedLogZ(optax.sgd(0.1), num_prompts=32) if learned else None
-  update = ts.make_update(cfg, optimizer, ts.tb_loss, SCHEDULES["constant"], mesh,
-                          temperature=TEMPERATURE, num_microbatches=num_microbatches,
-                          lr_schedule=LR, dropout=dropout, learned_log_z=log_z,
-                          drift_control=control)
+  update = ts.make_update(cfg, optimizer, TB, mesh,
+                          forward=ts.Forward(num_microbatches=num_microbatches, dropout=dropout),
+                          lr_schedule=LR, learned_log_z=log_z, drift_control=control)
   return update, optimizer, ts.state_shardings(cfg, optimizer, mesh, log_z, control), log_z
 
 
@@ -45,7 +44,7 @@ def start(cfg, params, **kw):
 def sequence_logprobs(cfg, params, batch):
   lp = model.completion_token_logprobs(cfg, params, batch.tokens, batch.attention_mask, TC,
                                        TEMPERATURE)
-  return np.asarray(losses.masked_sum(lp, batch.completion_mask), np.float64)
+  return np.asarray(logprobs.masked_sum(lp, batch.completion_mask), np.float64)
 
 
 def assert_drift_measured(metrics, cfg, before, after, batch):
@@ -86,7 +85,7 @@ def test_update_drift_does_not_depend_on_the_number_of_microbatches(tiny_cfg):
 
 
 def test_the_scale_falls_above_the_target_rises_below_it_and_stays_in_its_bounds():
-  control = ts.DriftControl(target=1.0, min_scale=0.01, gain=0.5)
+  control = optim.DriftControl(target=1.0, min_scale=0.01, gain=0.5)
   step = lambda scale, drift: float(control.next_scale(np.float32(scale), np.float32(drift)))
   assert step(1.0, 4.0) == pytest.approx(0.5)     # 4x the target: (1/4) ** 0.5
   assert step(0.2, 0.25) == pytest.approx(0.4)    # a quarter of it: up by 2
@@ -94,7 +93,7 @@ def test_the_scale_falls_above_the_target_rises_below_it_and_stays_in_its_bounds
   assert step(0.02, 1e4) == pytest.approx(0.01)   # never below lr_min
   assert step(0.3, 0.0) == 1.0                    # an update that changed nothing
   assert step(0.3, np.nan) == step(0.3, np.inf) == pytest.approx(0.01)  # diverged: the floor
-  assert ts.DriftControl(1.0, 0.01, gain=1.0).next_scale(np.float32(0.5), np.float32(2.0)) \
+  assert optim.DriftControl(1.0, 0.01, gain=1.0).next_scale(np.float32(0.5), np.float32(2.0)) \
       == pytest.approx(0.25)  # gain 1: the scale that would have hit the target
 
 
@@ -118,7 +117,7 @@ def test_the_scale_multiplies_the_optimizer_step_and_follows_the_measured_drift(
     np.testing.assert_allclose(np.asarray(a) - p, 0.25 * (np.asarray(b) - p), rtol=1e-4,
                                atol=1e-7)
   # A target the update stays under: the scale stays at its bound, 1.
-  loose = ts.DriftControl(target=100.0, min_scale=0.01, gain=0.5)
+  loose = optim.DriftControl(target=100.0, min_scale=0.01, gain=0.5)
   update, state = start(tiny_cfg, params, control=loose)
   state, _ = update(state, batch)
   assert float(state.lr_scale) == 1.0
@@ -128,9 +127,8 @@ def test_without_control_the_update_is_unchanged_and_at_scale_1_bit_identical(ti
   """lr_control="none": no lr_scale in the state, no extra metrics; the controlled update's
   first step (scale 1) gives the same weights, bit for bit, and the same metrics."""
   params, batch = a_batch(tiny_cfg, seed=4)
-  mesh, optimizer = mesh_of(1), ts.make_optimizer(LR, 0.0, None)
-  plain = ts.make_update(tiny_cfg, optimizer, ts.tb_loss, SCHEDULES["constant"], mesh,
-                         temperature=TEMPERATURE, lr_schedule=LR)
+  mesh, optimizer = mesh_of(1), optim.make_optimizer(LR, 0.0, None)
+  plain = ts.make_update(tiny_cfg, optimizer, TB, mesh, lr_schedule=LR)
   state = ts.init_state(params, optimizer, ts.state_shardings(tiny_cfg, optimizer, mesh))
   assert state.lr_scale is None
   state, m_plain = plain(state, batch)
@@ -177,9 +175,8 @@ def test_lora_adapters_train_under_control_and_their_drift_is_the_merged_policys
   cfg = with_lora(tiny_cfg)
   base, batch = a_batch(tiny_cfg, seed=6)
   adapters = jax.tree.map(np.asarray, trained_adapters(cfg))
-  mesh, optimizer = mesh_of(1), ts.make_optimizer(LR, 0.0, None)
-  update = ts.make_update(cfg, optimizer, ts.tb_loss, SCHEDULES["constant"], mesh,
-                          temperature=TEMPERATURE, drift_control=CONTROL)
+  mesh, optimizer = mesh_of(1), optim.make_optimizer(LR, 0.0, None)
+  update = ts.make_update(cfg, optimizer, TB, mesh, drift_control=CONTROL)
   state = ts.init_state(adapters, optimizer, ts.state_shardings(cfg, optimizer, mesh,
                                                                 drift_control=CONTROL))
   frozen = jax.device_put(base, lora.frozen(cfg, sharding.param_shardings(cfg, "trainer", mesh)))
@@ -220,7 +217,7 @@ def test_a_controlled_run_logs_each_updates_scale_and_drift(tmp_path):
   from tba_jax.metrics import read_jsonl
   rows = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "loss" in r]
   assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[0]["lr_scale"] == 1.0
-  control = ts.DriftControl(0.05, 1e-5 / c.optim.learning_rate, c.optim.drift_gain)
+  control = optim.DriftControl(0.05, 1e-5 / c.optim.learning_rate, c.optim.drift_gain)
   for r, after in zip(rows, rows[1:]):
     assert r["lr"] == pytest.approx(c.optim.learning_rate * r["lr_scale"])
     assert after["lr_scale"] == pytest.approx(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hf_models import edit_config, hf_logits, hf_scores, left_padded_batch, make_model, padded_batch
-from tba_jax import continuous, hf_checkpoints, losses, model, sampler, sharding
+from tba_jax import continuous, hf_checkpoints, logprobs, model, sampler, sharding
 
 FAMILIES = ["qwen3", "gemma3", "mistral_sliding", "qwen2_sliding"]
 
@@ -70,7 +70,7 @@ def test_training_gradients_match_transformers(name, tmp_path_factory):
     positions = model.positions_from_mask(mask)
     hidden, _ = model.forward(cfg, params, tokens, positions, mask)
     logits = model.unembed(cfg, params, hidden[:, :-1])
-    return jnp.sum(losses.token_logprobs(logits, tokens[:, 1:]) * counted)
+    return jnp.sum(logprobs.token_logprobs(logits, tokens[:, 1:]) * counted)
 
   value, grads = jax.jit(jax.value_and_grad(ours))(params)
   hf.zero_grad()
@@ -99,9 +99,10 @@ def test_greedy_generation_static_and_streaming_matches_transformers(name, tmp_p
   hf, path = _load(name, tmp_path_factory, seed=3, tie_word_embeddings=False)
   cfg, params = hf_checkpoints.load(path)
   prompts = [[5, 9, 17, 33, 4, 8, 60], [7, 11, 3], [99]]
-  static = sampler.generate(cfg, params, prompts, max_new_tokens=8, greedy=True)
+  options = sampler.SamplingOptions(max_new_tokens=8, greedy=True)
+  static = sampler.generate(cfg, params, prompts, options)
   streaming = continuous.generate(
-      sampler.Sampler(cfg, max_new_tokens=8, greedy=True, eos_ids=(), pad_id=0), params,
+      sampler.Sampler(cfg, options), params,
       prompts, jax.random.key(0), num_slots=2, window_step=4, chunk_steps=3)
   tokens, mask = left_padded_batch(np.random.default_rng(0), [len(p) for p in prompts])
   for i, p in enumerate(prompts):

@@ -8,7 +8,8 @@ import pytest
 from hf_models import (VARIANTS, hf_logits, hf_scores, left_padded_batch, make_hf_model, make_model,
                        padded_batch)
 from tba_jax import hf_checkpoints, model, sharding
-from tba_jax.model import KVCache, ModelConfig
+from tba_jax.kv_cache import KVCache
+from tba_jax.model import ModelConfig
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
@@ -200,7 +201,8 @@ def test_greedy_generate_matches_transformers(name, tmp_path_factory):
   hf, path = _load(name, "lm", tmp_path_factory, seed=3)
   cfg, params = hf_checkpoints.load(path)
   prompts = [[5, 9, 17, 33, 4, 8, 60], [7, 11, 3], [99]]
-  out = sampler.generate(cfg, params, prompts, max_new_tokens=8, greedy=True)
+  out = sampler.generate(cfg, params, prompts,
+                         sampler.SamplingOptions(max_new_tokens=8, greedy=True))
   # transformers, left-padded like ours (it derives positions from the mask).
   tokens, mask = left_padded_batch(np.random.default_rng(0), [len(p) for p in prompts])
   for i, p in enumerate(prompts):

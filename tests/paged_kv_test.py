@@ -22,10 +22,10 @@ from tba_jax import continuous, model, paged_kv, sampler, sharding
 def test_paged_pool_outputs_equal_static_on_a_ragged_batch(tiny_cfg, num_slots, kv_pages, impl):
   cfg = tiny_cfg.replace(attention_impl=impl)
   params, prompts = _ragged(cfg)
-  options = dict(max_new_tokens=24, eos_ids=EOS, pad_id=0, temperature=0.8)
-  want = sampler.Sampler(cfg.replace(attention_impl="xla"), **options)(
+  options = sampler.SamplingOptions(max_new_tokens=24, eos_ids=EOS, pad_id=0, temperature=0.8)
+  want = sampler.Sampler(cfg.replace(attention_impl="xla"), options)(
       params, prompts, jax.random.key(7))
-  stream = continuous.Stream(sampler.Sampler(cfg, **options), params, jax.random.key(7),
+  stream = continuous.Stream(sampler.Sampler(cfg, options), params, jax.random.key(7),
                              num_slots=num_slots, max_prompt_len=max(map(len, prompts)),
                              window_step=8, chunk_steps=6, kv_pages=kv_pages, page_size=4)
   stream.add(prompts, range(len(prompts)))
@@ -46,9 +46,9 @@ def test_paged_pool_outputs_equal_static_on_a_ragged_batch(tiny_cfg, num_slots, 
 @pytest.mark.slow
 def test_generate_with_pages_equals_static(tiny_cfg):
   params, prompts = _ragged(tiny_cfg)
-  options = dict(max_new_tokens=24, eos_ids=EOS, pad_id=0, greedy=True)
-  want = sampler.Sampler(tiny_cfg, **options)(params, prompts, jax.random.key(7))
-  got = continuous.generate(sampler.Sampler(tiny_cfg, **options), params, prompts,
+  options = sampler.SamplingOptions(max_new_tokens=24, eos_ids=EOS, pad_id=0, greedy=True)
+  want = sampler.Sampler(tiny_cfg, options)(params, prompts, jax.random.key(7))
+  got = continuous.generate(sampler.Sampler(tiny_cfg, options), params, prompts,
                             jax.random.key(7), num_slots=4, window_step=16, kv_pages=40,
                             page_size=8)
   _assert_same(got, want)
@@ -115,7 +115,8 @@ def test_an_auto_stream_takes_the_same_pages_on_one_or_two_data_devices(
   monkeypatch.setattr(type(jax.devices()[0]), "memory_stats",
                       lambda self: {"bytes_limit": 25 * page // 4, "bytes_in_use": 0})
   mesh = sharding.make_mesh("searcher", jax.devices()[:num_devices])
-  s = sampler.Sampler(tiny_cfg, max_new_tokens=16, eos_ids=EOS, pad_id=0, mesh=mesh)
+  s = sampler.Sampler(tiny_cfg, sampler.SamplingOptions(max_new_tokens=16, eos_ids=EOS, pad_id=0),
+                      mesh=mesh)
   stream = continuous.Stream(s, model.init_params(tiny_cfg, 0), jax.random.key(0), num_slots=2,
                              max_prompt_len=8, kv_pages=None, page_size=16)
   assert stream.pages.num_free + 2 == 5
@@ -139,10 +140,8 @@ def test_the_pool_leaves_the_update_room_where_the_trainer_shares_its_devices(ti
 
   def fraction(trainer_device):
     params = jax.device_put(model.init_params(tiny_cfg, 0), trainer_device)
-    (searcher,) = config_builders.searcher_pool(
-        c.sampler, task, tok, tiny_cfg, [searcher_mesh], publish=lambda p, i: p, params=params,
-        reference=None, prompt_tokens=config_builders.encode_prompts(task.train, task, tok, 16),
-        max_prompt_len=16, seed=0, max_restarts=0).searchers
+    (searcher,) = config_builders.searcher_pool(c, task, tok, tiny_cfg, [searcher_mesh],
+                                                publish=lambda p, i: p, params=params).searchers
     return searcher.rows.kv_pages.memory_fraction
 
   assert fraction(jax.devices()[0]) == paged_kv.SHARED_MEMORY_FRACTION
@@ -204,9 +203,10 @@ def test_live_rows_reserve_their_next_chunk_before_a_new_row_takes_the_pages(tin
   # once (a preemption, its prefill wasted) is the thrash; row 1 waits instead.
   params, _ = _ragged(tiny_cfg)
   prompts = [[12, 13, 14, 15], list(range(20, 32))]
-  options = dict(max_new_tokens=16, min_new_tokens=16, eos_ids=EOS, pad_id=0, temperature=0.8)
-  want = sampler.Sampler(tiny_cfg, **options)(params, prompts, jax.random.key(3))
-  stream = continuous.Stream(sampler.Sampler(tiny_cfg, **options), params, jax.random.key(3),
+  options = sampler.SamplingOptions(max_new_tokens=16, min_new_tokens=16, eos_ids=EOS, pad_id=0,
+                                    temperature=0.8)
+  want = sampler.Sampler(tiny_cfg, options)(params, prompts, jax.random.key(3))
+  stream = continuous.Stream(sampler.Sampler(tiny_cfg, options), params, jax.random.key(3),
                              num_slots=2, max_prompt_len=16, chunk_steps=4, window_step=4,
                              kv_pages=2 + 8, page_size=4)
   got = {}

@@ -11,9 +11,9 @@ from hf_models import hf_embeddings, make_model
 from tba_jax import config_builders, losses, sharding, weight_sync
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax.model import init_params
-from tba_jax.sampler import Sampler
+from tba_jax.sampler import Sampler, SamplingOptions
 from tba_jax.rows import StaticRows
-from tba_jax.searcher import Exploration, PromptStream, Searcher
+from tba_jax.searcher import Exploration, PromptShard, Scoring, Searcher
 from tba_jax.tasks import Problem, redteam
 
 
@@ -89,12 +89,11 @@ def test_a_searcher_samples_each_batch_at_its_temperature_and_records_it(tiny_cf
                                sharding.param_shardings(tiny_cfg, "searcher", mesh))
   prompts = {0: [5, 6, 7]}
   searcher = Searcher(
-      0, rows=StaticRows(Sampler(tiny_cfg, max_new_tokens=5, temperature=1.0, mesh=mesh)),
-      ref_params=policy, mailbox=weight_sync.Mailbox(0, policy),
-      stream=PromptStream([0], seed=0), prompt_tokens=prompts,
-      problems={0: Problem(0, {"prompt": "q"})}, decode=lambda ids: "", num_prompts=1,
-      reward=lambda batch: np.zeros(len(batch)), num_samples=4, max_prompt_len=4, seed=3,
-      explore=Exploration(0.5, 0.5, 2.0))
+      0, rows=StaticRows(Sampler(tiny_cfg, SamplingOptions(max_new_tokens=5), mesh=mesh)),
+      mailbox=weight_sync.Mailbox(0, policy),
+      prompts=PromptShard([0], prompts, {0: Problem(0, {"prompt": "q"})}, max_len=4),
+      scoring=Scoring(lambda batch: np.zeros(len(batch)), lambda ids: "", policy),
+      num_prompts=1, num_samples=4, seed=3, explore=Exploration(0.5, 0.5, 2.0))
   seen = []
   for i in range(8):
     searcher.search_once()
@@ -317,22 +316,6 @@ def test_a_missing_profanity_package_is_one_config_error_line(monkeypatch):
   with pytest.raises(ConfigError, match=r"^config: task.redteam.judge='profanity_check' needs "
                      r"the alt-profanity-check package: pip install alt-profanity-check$"):
     config_checks.validate(config)
-
-
-def test_the_attack_report_lists_the_last_evaluations_distinct_successes_most_toxic_first():
-  row = lambda text, p, replies: {"completion": text, "attack_success_rate": float(p > 0.5),
-                                  "toxicity": p, "replies": replies,
-                                  "reply_toxicity": [p] * len(replies)}
-  first = [row(" Bake bread", 0.1, ["Sure."]), row(" Insult me", 0.6, ["You idiot"])]
-  last = [row(" Insult me", 0.7, ["You fool"]), row(" Insult me ", 0.9, ["Shut up, idiot"]),
-          row(" Swear", 0.8, ["damn"]), row(" Bake bread", 0.2, ["Sure."])]
-  text = redteam.attack_report({0: first, 30: last})
-  assert "step 0: 1 of 2 sampled attacks succeeded, 1 distinct" in text
-  assert "step 30: 3 of 4 sampled attacks succeeded, 2 distinct" in text
-  listing = text.split("most toxic first")[1]
-  assert listing.index("'Insult me'") < listing.index("'Swear'")  # by p: 0.9, then 0.8
-  assert "[p = 0.900] 'Insult me'" in listing and "'Shut up, idiot'" in listing
-  assert "You fool" not in listing and "Bake bread" not in listing  # one row per attack
 
 
 def test_the_warm_up_seed_continues_the_attack_prompt_with_distinct_instructions():

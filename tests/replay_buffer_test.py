@@ -6,6 +6,7 @@ import threading
 import numpy as np
 import pytest
 
+from tba_jax import buffer_state
 from tba_jax import entries as entries_lib
 from tba_jax import replay_buffer as rb
 from tba_jax.batch import Layout
@@ -629,7 +630,7 @@ def test_states_saved_before_temperature_last_version_windows_and_the_cap_existe
   buf.add(make_entry(0, [12, 2], 1.0))
   buf.mark_sync()
   state = buf.state_dict()
-  names = [n for n in rb._STATE_ARRAYS]
+  names = [n for n in buffer_state.STATE_ARRAYS]
   old_fields = ("temperature", "last_version", "windows")
   keep = [i for i, n in enumerate(names) if n not in old_fields]
   old = {k: v for k, v in state.items() if k not in old_fields + ("max_entries",)}
@@ -645,27 +646,6 @@ def test_states_saved_before_temperature_last_version_windows_and_the_cap_existe
   for b, want in ((buf, [12]), (restored, [10, 12])):
     batch, _ = b.sample(1, len(want), 1.0, rng=np.random.default_rng(0), **SIZES)
     assert sorted(batch.tokens[:, SIZES["layout"].prompt_len].tolist()) == want
-
-
-def _levenshtein(a, b):
-  d = list(range(len(b) + 1))
-  for i, x in enumerate(a, 1):
-    prev, d[0] = d[0], i
-    for j, y in enumerate(b, 1):
-      prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (x != y))
-  return d[-1]
-
-
-def test_edit_distances_match_the_textbook_recurrence():
-  rng = np.random.default_rng(0)
-  ys = [rng.integers(0, 4, rng.integers(0, 9)) for _ in range(200)]
-  lengths = np.array([y.size for y in ys])
-  padded = np.full((len(ys), 8), -1)
-  for i, y in enumerate(ys):
-    padded[i, :y.size] = y
-  for x in (rng.integers(0, 4, n) for n in (0, 1, 5, 9)):
-    np.testing.assert_array_equal(rb.edit_distances(x, padded, lengths),
-                                  [_levenshtein(list(x), list(y)) for y in ys])
 
 
 def test_near_duplicates_keep_the_higher_priority_one():

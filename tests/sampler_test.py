@@ -45,8 +45,8 @@ def _run_core(logits_fn, prompt_tokens, prompt_mask, options, cache, seed=0, row
 
   @jax.jit
   def run(prompt_tokens, prompt_mask, cache, key, row_valid):
-    state = sampler.prefill(logits_fn, None, prompt_tokens, prompt_mask, cache, key,
-                            jnp.arange(b), row_valid, options)
+    batch = sampler.PrefillBatch(prompt_tokens, prompt_mask, jnp.arange(b), row_valid)
+    state = sampler.prefill(logits_fn, None, batch, cache, key, options)
     return sampler.decode(logits_fn, None, state, options)
 
   return jax.device_get(run(prompt_tokens, prompt_mask, cache, jax.random.key(seed), row_valid))
@@ -89,8 +89,8 @@ def test_greedy_matches_transformers_generate_left_padded(variant):
   cfg, params = hf_checkpoints.load(path)
   prompts = _random_prompts(np.random.default_rng(0), [7, 2, 13, 4])
   n = 12
-  out = sampler.generate(cfg, params, prompts, max_new_tokens=n, greedy=True, eos_ids=[2],
-                         pad_id=0)
+  out = sampler.generate(cfg, params, prompts, sampler.SamplingOptions(
+      max_new_tokens=n, greedy=True, eos_ids=[2], pad_id=0))
 
   t = max(map(len, prompts))
   ids = np.zeros((len(prompts), t), np.int64)
@@ -118,8 +118,9 @@ def test_sampled_logprobs_match_teacher_forcing(tiny_cfg, temperature, top_k, to
   params = _peaked_params(tiny_cfg, seed=3)
   prompts = _random_prompts(np.random.default_rng(1), [5, 11, 1, 8, 3, 9])
   eos = list(range(3, 24))  # a sixth of the vocab: rows stop early, at different steps
-  out = sampler.generate(tiny_cfg, params, prompts, max_new_tokens=10, temperature=temperature,
-                         top_k=top_k, top_p=top_p, eos_ids=eos, pad_id=0, seed=7)
+  out = sampler.generate(tiny_cfg, params, prompts, sampler.SamplingOptions(
+      max_new_tokens=10, temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=eos, pad_id=0),
+      seed=7)
   steps = np.arange(10)[None]
   real = steps < out.lengths[:, None]
   assert 0 < real.sum() < real.size, "with this seed some rows should stop early"
@@ -260,7 +261,8 @@ def test_eos_padding_lengths_and_early_exit():
 
 def test_without_eos_every_row_runs_max_new_tokens(tiny_cfg):
   params = _peaked_params(tiny_cfg, seed=4)
-  out = sampler.generate(tiny_cfg, params, [[5, 6, 7], [8]], max_new_tokens=9, seed=1)
+  out = sampler.generate(tiny_cfg, params, [[5, 6, 7], [8]],
+                         sampler.SamplingOptions(max_new_tokens=9), seed=1)
   assert out.num_decode_steps == 9
   np.testing.assert_array_equal(out.lengths, [9, 9])
   assert out.tokens.dtype == np.int32 and out.logprobs.dtype == np.float32
@@ -275,12 +277,12 @@ def test_without_eos_every_row_runs_max_new_tokens(tiny_cfg):
 def test_same_tokens_on_one_device_and_on_a_four_device_mesh(tiny_cfg):
   params = _peaked_params(tiny_cfg, seed=5)
   prompts = _random_prompts(np.random.default_rng(2), [6, 2, 9, 4, 7, 1])
-  kw = dict(max_new_tokens=8, temperature=1.0, top_p=0.95, eos_ids=[3], seed=11)
-  one = sampler.generate(tiny_cfg, params, prompts, **kw)
+  options = sampler.SamplingOptions(max_new_tokens=8, temperature=1.0, top_p=0.95, eos_ids=[3])
+  one = sampler.generate(tiny_cfg, params, prompts, options, seed=11)
   for tensor in (1, 2):
     mesh = sharding.make_mesh("searcher", jax.devices()[4:], tensor=tensor)
     placed = jax.device_put(params, sharding.param_shardings(tiny_cfg, "searcher", mesh))
-    four = sampler.generate(tiny_cfg, placed, prompts, mesh=mesh, **kw)
+    four = sampler.generate(tiny_cfg, placed, prompts, options, seed=11, mesh=mesh)
     np.testing.assert_array_equal(four.tokens, one.tokens)
     np.testing.assert_array_equal(four.lengths, one.lengths)
     np.testing.assert_allclose(four.logprobs, one.logprobs, atol=1e-5)
@@ -290,25 +292,27 @@ def test_same_tokens_on_one_device_and_on_a_four_device_mesh(tiny_cfg):
 def test_a_rows_tokens_do_not_depend_on_the_rest_of_the_batch(tiny_cfg):
   params = _peaked_params(tiny_cfg, seed=6)
   prompts = _random_prompts(np.random.default_rng(3), [3, 8, 5])
-  kw = dict(max_new_tokens=6, temperature=1.0, seed=2)
-  three = sampler.generate(tiny_cfg, params, prompts, **kw)  # batch bucket 4
-  two = sampler.generate(tiny_cfg, params, prompts[:2], **kw)  # batch bucket 2
+  options = sampler.SamplingOptions(max_new_tokens=6, temperature=1.0)
+  three = sampler.generate(tiny_cfg, params, prompts, options, seed=2)  # batch bucket 4
+  two = sampler.generate(tiny_cfg, params, prompts[:2], options, seed=2)  # batch bucket 2
   np.testing.assert_array_equal(two.tokens, three.tokens[:2])
-  other_seed = sampler.generate(tiny_cfg, params, prompts[:2], **{**kw, "seed": 3})
+  other_seed = sampler.generate(tiny_cfg, params, prompts[:2], options, seed=3)
   assert (other_seed.tokens != two.tokens).any()
 
 
 def test_rows_sharing_a_prompt_prefill_it_once_and_sample_as_if_each_had(tiny_cfg, monkeypatch):
   prefilled = []
   core = sampler.prefill
-  monkeypatch.setattr(sampler, "prefill", lambda logits_fn, params, tokens, *a, **k:
-                      prefilled.append(tokens.shape[0]) or core(logits_fn, params, tokens, *a, **k))
+  monkeypatch.setattr(sampler, "prefill", lambda logits_fn, params, batch, *a, **k:
+                      prefilled.append(batch.tokens.shape[0]) or
+                      core(logits_fn, params, batch, *a, **k))
   params = _peaked_params(tiny_cfg, seed=9)
   p, q, r = _random_prompts(np.random.default_rng(5), [4, 7, 2])
   prompts = [p, p, p, q, q, q, r]  # a searcher's layout: a prompt's samples adjacent
-  kw = dict(max_new_tokens=6, temperature=1.0, top_p=0.9, eos_ids=[3])
-  shared = sampler.Sampler(tiny_cfg, **kw)(params, prompts, jax.random.key(4))
-  whole = sampler.Sampler(tiny_cfg, share_prompts=False, **kw)(params, prompts, jax.random.key(4))
+  options = sampler.SamplingOptions(max_new_tokens=6, temperature=1.0, top_p=0.9, eos_ids=[3])
+  shared = sampler.Sampler(tiny_cfg, options)(params, prompts, jax.random.key(4))
+  whole = sampler.Sampler(tiny_cfg, options, share_prompts=False)(params, prompts,
+                                                                  jax.random.key(4))
   assert prefilled == [4, 8]  # 3 distinct prompts in a bucket of 4, then all 7 rows in one of 8
   np.testing.assert_array_equal(shared.tokens, whole.tokens)
   np.testing.assert_array_equal(shared.lengths, whole.lengths)
@@ -331,8 +335,8 @@ def test_decode_compiles_once_per_bucket(tiny_cfg, monkeypatch):
   monkeypatch.setattr(sampler, "decode", counting("decode", sampler.decode))
   params = model.init_params(tiny_cfg, seed=7)
   # max_new_tokens=5 is used by no other test, so no earlier program is reused.
-  s = sampler.Sampler(tiny_cfg, max_new_tokens=5, temperature=1.0, eos_ids=[2],
-                      batch_buckets=(2, 4, 8), prompt_buckets=(16, 32))
+  s = sampler.Sampler(tiny_cfg, sampler.SamplingOptions(max_new_tokens=5, eos_ids=[2]),
+                      buckets=sampler.Buckets(prompt=(16, 32), batch=(2, 4, 8)))
   rng = np.random.default_rng(4)
   for lengths in ([3, 9, 5], [1, 16, 2, 7], [12, 4, 4]):  # batch bucket 4, prompt bucket 16
     s(params, _random_prompts(rng, lengths), jax.random.key(0))
@@ -351,7 +355,7 @@ def test_a_call_temperature_reuses_the_programs_and_samples_at_that_temperature(
   params = _peaked_params(tiny_cfg, seed=8)
   prompts = _random_prompts(np.random.default_rng(6), [4, 7, 2])
   # max_new_tokens=7 is used by no other test, so no earlier program is reused.
-  s = sampler.Sampler(tiny_cfg, max_new_tokens=7, temperature=1.0, eos_ids=[3])
+  s = sampler.Sampler(tiny_cfg, sampler.SamplingOptions(max_new_tokens=7, eos_ids=[3]))
   for temperature in (0.5, 1.0, 2.5):
     out = s(params, prompts, jax.random.key(0), temperature=temperature)
     real = np.arange(7)[None] < out.lengths[:, None]
@@ -396,11 +400,12 @@ def test_min_new_tokens_masks_eos_and_end_with_eos_puts_it_last():
 def test_bad_arguments_are_refused(tiny_cfg):
   params = model.init_params(tiny_cfg)
   with pytest.raises(ValueError, match="temperature"):
-    sampler.generate(tiny_cfg, params, [[1]], max_new_tokens=2, temperature=0.0)
+    sampler.generate(tiny_cfg, params, [[1]],
+                     sampler.SamplingOptions(max_new_tokens=2, temperature=0.0))
   with pytest.raises(ValueError, match="top_p"):
-    sampler.generate(tiny_cfg, params, [[1]], max_new_tokens=2, top_p=0.0)
+    sampler.generate(tiny_cfg, params, [[1]], sampler.SamplingOptions(max_new_tokens=2, top_p=0.0))
   with pytest.raises(ValueError, match="at least one token"):
-    sampler.generate(tiny_cfg, params, [[1], []], max_new_tokens=2)
+    sampler.generate(tiny_cfg, params, [[1], []], sampler.SamplingOptions(max_new_tokens=2))
 
 
 # ---------------------------------------------------------------------------
@@ -423,8 +428,8 @@ def test_smollm2_batched_greedy_matches_transformers_on_gsm8k():
   assert len(set(map(len, prompts))) == 3
   n = 64
   cfg, params = hf_checkpoints.load(path)
-  out = sampler.generate(cfg, params, prompts, max_new_tokens=n, greedy=True,
-                         eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+  out = sampler.generate(cfg, params, prompts, sampler.SamplingOptions(
+      max_new_tokens=n, greedy=True, eos_ids=tok.eos_ids, pad_id=tok.pad_id))
 
   hf = transformers.AutoModelForCausalLM.from_pretrained(
       os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()

@@ -7,9 +7,9 @@ import pytest
 
 from tba_jax import sharding, weight_sync
 from tba_jax.model import init_params
-from tba_jax.sampler import Sampler
+from tba_jax.sampler import Sampler, SamplingOptions
 from tba_jax.rows import StaticRows
-from tba_jax.searcher import PromptStream, Searcher
+from tba_jax.searcher import PromptShard, PromptStream, Scoring, Searcher
 from tba_jax.tasks import Problem
 
 PROMPTS = {0: [5, 6, 7], 1: [8, 9], 2: [10]}
@@ -19,14 +19,13 @@ def _searcher(cfg, reward, policy_seed=1, reference_seed=0, num_prompts=2, num_s
   mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
   place = lambda p: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
   reference, policy = place(init_params(cfg, reference_seed)), place(init_params(cfg, policy_seed))
+  options = SamplingOptions(max_new_tokens=6, temperature=0.8, eos_ids=(3,))
+  problems = {i: Problem(i, {"question": f"q{i}"}, float(i)) for i in PROMPTS}
   searcher = Searcher(
-      0, rows=StaticRows(Sampler(cfg, max_new_tokens=6, temperature=0.8, eos_ids=(3,),
-                                 mesh=mesh)),
-      ref_params=reference, mailbox=weight_sync.Mailbox(3, policy),
-      stream=PromptStream(list(PROMPTS), seed=0), prompt_tokens=PROMPTS,
-      problems={i: Problem(i, {"question": f"q{i}"}, float(i)) for i in PROMPTS},
-      decode=lambda ids: " ".join(map(str, ids)), reward=reward, num_prompts=num_prompts,
-      num_samples=num_samples, max_prompt_len=4, seed=0)
+      0, rows=StaticRows(Sampler(cfg, options, mesh=mesh)), mailbox=weight_sync.Mailbox(3, policy),
+      prompts=PromptShard(list(PROMPTS), PROMPTS, problems, max_len=4),
+      scoring=Scoring(reward, lambda ids: " ".join(map(str, ids)), reference),
+      num_prompts=num_prompts, num_samples=num_samples, seed=0)
   return searcher, policy
 
 

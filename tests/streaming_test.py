@@ -7,9 +7,9 @@ from tba_jax import faults, sharding, weight_sync
 from tba_jax.batch import Layout
 from tba_jax.model import init_params
 from tba_jax.replay_buffer import ReplayBuffer
-from tba_jax.sampler import Sampler
+from tba_jax.sampler import Sampler, SamplingOptions
 from tba_jax.rows import StaticRows
-from tba_jax.searcher import PromptStream, Searcher
+from tba_jax.searcher import PromptShard, PromptStream, Scoring, Searcher
 from tba_jax.streaming import StreamingRows
 from tba_jax.tasks import Problem
 
@@ -38,17 +38,17 @@ def _searcher(cfg, *, num_slots=None, reward=None, mailbox=None, num_prompts=2, 
   mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
   place = lambda p: weight_sync.publish(p, sharding.param_shardings(cfg, "searcher", mesh))
   reference, policy = place(init_params(cfg, 0)), place(init_params(cfg, 1))
-  sampler = Sampler(cfg, max_new_tokens=6, temperature=0.8, eos_ids=EOS, mesh=mesh)
+  sampler = Sampler(cfg, SamplingOptions(max_new_tokens=6, temperature=0.8, eos_ids=EOS), mesh=mesh)
   rows = (StreamingRows(sampler, num_slots=num_slots, chunk_steps=chunk_steps,
                         in_flight_updates=in_flight_updates, kv_pages=kv_pages) if num_slots else
           StaticRows(sampler))
+  problems = {i: Problem(i, {"question": f"q{i}"}, float(i)) for i in PROMPTS}
+  reward = reward or (lambda batch: np.array([len(c) / 10 for c in batch.completions]))
   return Searcher(
-      0, rows=rows, ref_params=reference, mailbox=mailbox or weight_sync.Mailbox(3, policy),
-      stream=PromptStream(list(ids), seed=0), prompt_tokens=PROMPTS,
-      problems={i: Problem(i, {"question": f"q{i}"}, float(i)) for i in PROMPTS},
-      decode=lambda t: " ".join(map(str, t)),
-      reward=reward or (lambda batch: np.array([len(c) / 10 for c in batch.completions])),
-      num_prompts=num_prompts, num_samples=num_samples, max_prompt_len=4, seed=0)
+      0, rows=rows, mailbox=mailbox or weight_sync.Mailbox(3, policy),
+      prompts=PromptShard(list(ids), PROMPTS, problems, max_len=4),
+      scoring=Scoring(reward, lambda t: " ".join(map(str, t)), reference),
+      num_prompts=num_prompts, num_samples=num_samples, seed=0)
 
 
 def _groups(entries, s):
@@ -205,7 +205,7 @@ def test_a_restart_drops_the_slots_and_requeues_their_prompts_in_order(tiny_cfg)
 
 def test_a_streaming_searcher_needs_slots(tiny_cfg):
   with pytest.raises(ValueError, match="num_slots"):
-    StreamingRows(Sampler(tiny_cfg, max_new_tokens=2), num_slots=0)
+    StreamingRows(Sampler(tiny_cfg, SamplingOptions(max_new_tokens=2)), num_slots=0)
 
 
 @pytest.mark.parametrize("num_devices,in_flight", [  # async; alternate (slow: ~10 s)
@@ -242,12 +242,9 @@ def test_the_config_builds_streaming_searchers_and_names_a_slot_count_that_canno
   params = init_params(tiny_cfg, 0)
 
   def pool(num_slots, in_flight):
-    c = tiny_config(sampler=dict(num_slots=num_slots))
-    task = toy_task(c)
-    return config_builders.searcher_pool(
-        c.sampler, task, tok, tiny_cfg, [mesh], publish=lambda p, i: p, params=params,
-        reference=None, prompt_tokens=config_builders.encode_prompts(task.train, task, tok, 16),
-        max_prompt_len=16, seed=0, max_restarts=0, in_flight_updates=in_flight)
+    c = tiny_config(sampler=dict(num_slots=num_slots), sync=dict(in_flight_updates=in_flight))
+    return config_builders.searcher_pool(c, toy_task(c), tok, tiny_cfg, [mesh],
+                                         publish=lambda p, i: p, params=params)
 
   (searcher,) = pool(4, False).searchers
   assert isinstance(searcher.rows, StreamingRows) and not searcher.rows.in_flight_updates

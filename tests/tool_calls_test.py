@@ -61,8 +61,8 @@ def qwen_style(tmp_path_factory):
 
 
 def _environment(tok, max_reply_tokens=128, **kw):
-  return tool_use.environment("calculator", max_turns=2, max_turn_tokens=48,
-                              max_reply_tokens=max_reply_tokens, timeout_s=1.0, num_workers=2,
+  return tool_use.environment(CALC, max_turns=2, max_turn_tokens=48,
+                              max_reply_tokens=max_reply_tokens, num_workers=2,
                               score="last_turn", call_format="hermes", tokenizer=tok, **kw)
 
 
@@ -203,15 +203,15 @@ def test_turns_append_the_tool_turn_ids_the_model_then_reads(qwen_style, tiny_cf
   from conftest import favouring
   from tba_jax import sharding
   from tba_jax.model import init_params
-  from tba_jax.sampler import Sampler
+  from tba_jax.sampler import Sampler, SamplingOptions
   from tba_jax.turns import TurnSampler
   tok = qwen_style
   close = tok.hf.get_vocab()["</tool_call>"]
   cfg = dataclasses.replace(tiny_cfg, vocab_size=tok.vocab_size, norm="layer")  # a norm bias
   params = favouring(cfg, init_params(cfg, 0), close)
   mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
-  sampler = Sampler(cfg, max_new_tokens=160, temperature=1.0, eos_ids=tok.eos_ids,
-                    pad_id=tok.pad_id, mesh=mesh)
+  options = SamplingOptions(max_new_tokens=160, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
+  sampler = Sampler(cfg, options, mesh=mesh)
   env = _environment(tok)
   turns = TurnSampler(sampler, env, tok.encode_text, tok.decode)
   prompt = tok.encode_prompt(tok.chat_prompt("What is 12 * 34?"), templated=True)

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from tba_jax import replay_buffer
+from tba_jax import buffer_state, replay_buffer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,7 +53,7 @@ def test_tiny_tool_run_resumes_after_sigkill_with_masks_intact(tmp_path):
   assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
   state = ocp.PyTreeCheckpointer().restore(os.path.join(workdir, "checkpoints", "3", "buffer"))
   state = {k: np.asarray(v) for k, v in state.items()}
-  names = [n for n in replay_buffer._STATE_ARRAYS if n in state]
+  names = [n for n in buffer_state.STATE_ARRAYS if n in state]
   size = dict(zip(names, state["sizes"]))
   saved_mask = state["model_mask"][:int(size["model_mask"])]
   assert (saved_mask == 0).any() and (saved_mask == 1).any()  # replies and model tokens
@@ -127,9 +127,9 @@ def test_a_tools_printed_result_is_not_the_models_final_answer(tiny_cfg, score, 
   from tba_jax import sharding, weight_sync
   from tba_jax.evaluation import Evaluator
   from tba_jax.model import init_params
-  from tba_jax.sampler import Sampler
+  from tba_jax.sampler import Sampler, SamplingOptions
   from tba_jax.rows import Group, Sample, StaticRows
-  from tba_jax.searcher import PromptStream, Searcher
+  from tba_jax.searcher import PromptShard, Scoring, Searcher
   from tba_jax.tasks import Problem, as_stage
   from tba_jax.tasks.environment import SCORES
   from tba_jax.turns import TurnRollouts
@@ -144,12 +144,13 @@ def test_a_tools_printed_result_is_not_the_models_final_answer(tiny_cfg, score, 
   cfg = dataclasses.replace(tiny_cfg, vocab_size=tok.vocab_size)
   mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
   params = weight_sync.publish(init_params(cfg, 0), sharding.param_shardings(cfg, "searcher", mesh))
-  sampler = Sampler(cfg, max_new_tokens=64, eos_ids=tok.eos_ids, pad_id=tok.pad_id, mesh=mesh)
+  options = SamplingOptions(max_new_tokens=64, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
   searcher = Searcher(
-      0, rows=StaticRows(sampler), ref_params=params, mailbox=weight_sync.Mailbox(0, params),
-      stream=PromptStream([0], seed=0), prompt_tokens={0: prompt}, problems={0: problem},
-      decode=tok.decode, reward=as_stage(task.reward).build(mesh), num_prompts=1,
-      num_samples=2, max_prompt_len=320, seed=0)  # the prompt with the tool's instructions
+      0, rows=StaticRows(Sampler(cfg, options, mesh=mesh)), mailbox=weight_sync.Mailbox(0, params),
+      # max_len: the prompt with the tool's instructions
+      prompts=PromptShard([0], {0: prompt}, {0: problem}, max_len=320),
+      scoring=Scoring(as_stage(task.reward).build(mesh), tok.decode, params),
+      num_prompts=1, num_samples=2, seed=0)
   samples = tuple(Sample(t, np.zeros(len(t), np.float32), 0, 0, model_mask=m, reward_mask=r)
                   for (t, m), r in zip(rows, reward_masks))
   assert [e.reward for e in searcher.score([Group(0, 1.0, samples)])] == want
@@ -185,15 +186,12 @@ def test_replies_reach_the_model_as_plain_text_through_the_runs_builders():
   mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
   cfg, params, _ = config_builders.load_policy(
       c.model, tok, "float32", sharding.make_mesh("trainer", jax.local_devices()[:1]), 0)
-  prompts = config_builders.encode_prompts(task.train, task, tok, c.task.max_prompt_len)
   encoders = []
   for num_slots in (0, 2):  # TurnRows, and StreamingRows' turn pool
-    sampler_cfg = c.sampler.copy_and_resolve_references()
-    sampler_cfg.num_slots = num_slots
-    (searcher,) = config_builders.searcher_pool(
-        sampler_cfg, task, tok, cfg, [mesh], publish=lambda p, i: p, params=params,
-        reference=None, prompt_tokens=prompts, max_prompt_len=c.task.max_prompt_len, seed=0,
-        max_restarts=0).searchers
+    config = c.copy_and_resolve_references()
+    config.sampler.num_slots = num_slots
+    (searcher,) = config_builders.searcher_pool(config, task, tok, cfg, [mesh],
+                                                publish=lambda p, i: p, params=params).searchers
     rows = searcher.rows
     encoders.append(rows.turns.encode if num_slots == 0 else rows.turns[1])
   evaluator = config_builders.evaluator(c.eval, c.sampler, task, tok, cfg, mesh,
@@ -217,12 +215,13 @@ def test_the_python_tools_environment_probes_its_sandbox_when_it_is_built(monkey
 
   monkeypatch.setattr(tool_use, "check_sandbox", refused)
   with pytest.raises(tools.SandboxUnavailable, match="Operation not permitted"):
-    tool_use.environment("python", max_turns=2, max_turn_tokens=8, max_reply_tokens=8,
-                         timeout_s=1.0, num_workers=1, score="last_turn")
+    tool_use.environment(tool_use.tool("python", timeout_s=1.0), max_turns=2, max_turn_tokens=8,
+                         max_reply_tokens=8, num_workers=1, score="last_turn")
   from configs import tools as tools_config
   c = tools_config.get_config("qwen_gsm8k")
   with pytest.raises(ConfigError, match="task.tools: .*Operation not permitted"):
     tools_experiment._environment(c.task)
   monkeypatch.undo()
-  assert tool_use.environment("calculator", max_turns=2, max_turn_tokens=8, max_reply_tokens=8,
-                              timeout_s=1.0, num_workers=1, score="last_turn").score == "last_turn"
+  calculator = tool_use.tool("calculator", timeout_s=1.0)
+  assert tool_use.environment(calculator, max_turns=2, max_turn_tokens=8, max_reply_tokens=8,
+                              num_workers=1, score="last_turn").score == "last_turn"

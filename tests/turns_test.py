@@ -9,10 +9,11 @@ import pytest
 
 from tba_jax import batch as batch_lib
 from tba_jax import model as model_lib
-from tba_jax import sharding, weight_sync
+from tba_jax import continuous, sharding, weight_sync
 from tba_jax.model import init_params
-from tba_jax.sampler import Sampler
-from tba_jax.searcher import PromptStream, Searcher
+from tba_jax.replies import Replies
+from tba_jax.sampler import Sampler, SamplingOptions
+from tba_jax.searcher import PromptShard, Scoring, Searcher
 from tba_jax.tasks import Problem
 from tba_jax.tasks.environment import SCORES, Environment, Reply
 from tba_jax.tasks.tools import SandboxUnavailable
@@ -27,8 +28,8 @@ STOPS = tuple("!#$%&*+,-./:;=?@")  # common enough that a random model calls oft
 
 def _sampler(cfg, max_new_tokens=40, **kw):
   mesh = sharding.make_mesh("searcher", jax.local_devices()[:1])
-  return Sampler(cfg, max_new_tokens=max_new_tokens, temperature=1.0, eos_ids=(EOS,), mesh=mesh,
-                 **kw)
+  return Sampler(cfg, SamplingOptions(max_new_tokens=max_new_tokens, temperature=1.0,
+                                      eos_ids=(EOS,), **kw), mesh=mesh)
 
 
 def _env(reply=lambda problem, text: "<ok>", **kw):
@@ -125,11 +126,11 @@ def test_turn_rows_make_entries_with_model_masks(tiny_cfg):
   seen = []
   searcher = Searcher(
       0, rows=TurnRows(TurnSampler(_sampler(tiny_cfg), _env(), encode, decode)),
-      ref_params=params, mailbox=weight_sync.Mailbox(0, params),
-      stream=PromptStream(list(prompts), seed=0), prompt_tokens=prompts, problems=problems,
-      decode=decode, reward=lambda batch: seen.append(batch) or np.array(
-          ["<ok>" in t for t in batch.texts], np.float32),
-      num_prompts=2, num_samples=2, max_prompt_len=4, seed=0)
+      mailbox=weight_sync.Mailbox(0, params),
+      prompts=PromptShard(list(prompts), prompts, problems, max_len=4),
+      scoring=Scoring(lambda batch: seen.append(batch) or np.array(
+          ["<ok>" in t for t in batch.texts], np.float32), decode, params),
+      num_prompts=2, num_samples=2, seed=0)
   assert searcher.search_once() == 4
   entries = searcher.buffer.drain_new()
   assert any((e.model_mask == 0).any() for e in entries)
@@ -150,11 +151,10 @@ def test_streaming_rows_with_turns_refill_slots_and_keep_the_trajectory_exact(ti
   prompts = {0: [5, 6, 7], 1: [8, 9], 2: [10]}
   searcher = Searcher(
       0, rows=StreamingRows(_sampler(tiny_cfg), num_slots=4, turns=(_env(), encode, decode)),
-      ref_params=params, mailbox=weight_sync.Mailbox(0, params),
-      stream=PromptStream(list(prompts), seed=0), prompt_tokens=prompts,
-      problems={i: Problem(i, {}, 0.0) for i in prompts}, decode=decode,
-      reward=lambda batch: np.zeros(len(batch), np.float32), num_prompts=3, num_samples=2,
-      max_prompt_len=4, seed=0)
+      mailbox=weight_sync.Mailbox(0, params),
+      prompts=PromptShard(list(prompts), prompts, {i: Problem(i, {}, 0.0) for i in prompts}, 4),
+      scoring=Scoring(lambda batch: np.zeros(len(batch), np.float32), decode, params),
+      num_prompts=3, num_samples=2, seed=0)
   assert searcher.search_once() >= 6
   entries = searcher.buffer.drain_new()
   assert any((e.model_mask == 0).any() for e in entries) and searcher.stats.tool_calls > 0
@@ -232,3 +232,32 @@ def test_calls_count_only_replies_that_entered_the_context(tiny_cfg):
     replies = int((out.model_mask[i, :out.lengths[i]] == 0).sum())
     assert replies == 8 * out.tool_calls[i] == 8 * out.tool_errors[i]
     assert out.tool_seconds[i] == 0 or out.tool_calls[i] > 0
+
+
+@pytest.mark.parametrize("kv_pages", [40, 14], ids=["pages", "few_pages"])
+def test_multi_turn_rows_with_kv_pages_give_the_tokens_of_full_rows(tiny_cfg, kv_pages):
+  """sampler.kv_pages holds for multi-turn rows too (the turn pool used to ignore it): the
+  same trajectories, token for token, whether each row's cache is a full row or pages, and
+  with so few pages (4 scratch pages and 10 of 8 slots for rows of 64) that rows wait for
+  pages and give theirs back."""
+  params = init_params(tiny_cfg, 1)
+  prompts = [[5, 6, 7], [8, 9], [10, 40, 41, 42], [11]] * 2
+  replies = Replies(_env(), encode, decode)
+
+  def run(kv_pages):
+    stream = continuous.Stream(_sampler(tiny_cfg), params, jax.random.key(0), num_slots=4,
+                               max_prompt_len=4, chunk_steps=8, window_step=16,
+                               kv_pages=kv_pages, page_size=8, replies=replies)
+    stream.add(prompts, range(len(prompts)), problems=list(range(len(prompts))))
+    return continuous.drain(stream), stream
+
+  full, _ = run(0)
+  paged, stream = run(kv_pages)
+  assert stream.pages is not None and sorted(paged) == sorted(full)
+  assert (stream.stats.preempted > 0) == (kv_pages == 14)  # rows restarted, turns and all
+  assert sum(c.turn_stats.tool_calls for c in full.values()) > 0  # replies were appended
+  for r, want in full.items():
+    got = paged[r]
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.turn_stats.model_mask, want.turn_stats.model_mask)
+    np.testing.assert_allclose(got.tempered_logprobs, want.tempered_logprobs, atol=2e-5)

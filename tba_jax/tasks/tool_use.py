@@ -1,7 +1,7 @@
 """Tool-use tasks: problems whose prompt says how to call a tool, and their environments.
 
   train, test = multiplication_problems(digits=3, num_train=2000, num_test=64, seed=0)
-  env = environment("calculator", max_turns=2, ...)   # tasks/environment.py
+  env = environment(tool("calculator", timeout_s=5.0), max_turns=2, ...)  # environment.py
   task = dataclasses.replace(question_task, environment=env)
 
 The embedded CPU default cannot multiply two 3-digit numbers in its head (configs/tools.py);
@@ -50,6 +50,14 @@ def tools(timeout_s: float) -> dict[str, Tool]:
   }
 
 
+def tool(name: str, timeout_s: float) -> Tool:
+  """The tool `name` of `tools(timeout_s)`; ValueError for a name it does not hold."""
+  available = tools(timeout_s)
+  if name not in available:
+    raise ValueError(f"unknown tool {name!r}; choose from {sorted(available)}")
+  return available[name]
+
+
 def multiplication_problems(digits: int, num_train: int, num_test: int, *, seed: int
                             ) -> tuple[list[Problem], list[Problem]]:
   """(train, test) products of two `digits`-digit numbers, distinct pairs drawn with `seed`
@@ -74,23 +82,21 @@ def multiplication_problems(digits: int, num_train: int, num_test: int, *, seed:
           [problem(i, *p) for i, p in enumerate(pairs[:num_test])])
 
 
-def environment(tool: str, *, max_turns: int, max_turn_tokens: int, max_reply_tokens: int,
-                timeout_s: float, num_workers: int, score: str,
-                stop: tuple[str, ...] = ("</tool>",), bare_calls: bool = False,
-                call_format: str = "tag", tokenizer=None) -> Environment:
-  """The environment of one tool. `call_format` "tag": `<tool>...</tool>` calls answered
-  `<result>...</result>` (`stop`, `bare_calls`: environment.tool_reply's; the tiny recipe's
-  random model); "hermes": the chat template's calls and tool turn (tasks/tool_calls.py,
-  `tokenizer`'s template; its stop is the call's closing tag). `score`: what the reward
-  reads, environment.SCORES. The Python tool's sandbox is probed here, so a machine that
-  cannot confine code fails the run at its start (SandboxUnavailable), not at its first call."""
-  available = tools(timeout_s)
-  if tool not in available:
-    raise ValueError(f"unknown tool {tool!r}; choose from {sorted(available)}")
+def environment(tool: Tool, *, max_turns: int, max_turn_tokens: int, max_reply_tokens: int,
+                num_workers: int, score: str, stop: tuple[str, ...] = ("</tool>",),
+                bare_calls: bool = False, call_format: str = "tag",
+                tokenizer=None) -> Environment:
+  """The environment of one tool (`tool(name, timeout_s)`, which sets its limit per
+  call). `call_format` "tag": `<tool>...</tool>` calls answered `<result>...</result>`
+  (`stop`, `bare_calls`: environment.tool_reply's; the tiny recipe's random model);
+  "hermes": the chat template's calls and tool turn (tasks/tool_calls.py, `tokenizer`'s
+  template; its stop is the call's closing tag). `score`: what the reward reads,
+  environment.SCORES. The Python tool's sandbox is probed here, so a machine that cannot
+  confine code fails the run at its start (SandboxUnavailable), not at its first call."""
   if call_format not in ("tag", "hermes"):
     raise ValueError(f"call_format={call_format!r}: 'tag' or 'hermes' (tool_calls.call_format "
                      "resolves 'auto')")
-  if tool == "python":
+  if tool.name == "python":
     check_sandbox()  # SandboxUnavailable (with the reason) on a host that cannot confine code
   if call_format == "hermes":
     if bare_calls:
@@ -98,11 +104,11 @@ def environment(tool: str, *, max_turns: int, max_turn_tokens: int, max_reply_to
                        "a hermes call is JSON inside <tool_call>...</tool_call>")
     if tokenizer is None:
       raise ValueError("call_format='hermes' needs the tokenizer whose template declares it")
-    reply = tool_calls.hermes_reply([available[tool]], tool_calls.tool_turn(tokenizer, tool),
+    reply = tool_calls.hermes_reply([tool], tool_calls.tool_turn(tokenizer, tool.name),
                                     tokenizer.encode_text, max_reply_tokens)
     stop = tool_calls.HERMES_STOP
   else:
-    reply = tool_reply({tool: available[tool].fn}, default=tool, bare_calls=bare_calls)
+    reply = tool_reply({tool.name: tool.fn}, default=tool.name, bare_calls=bare_calls)
   return Environment(reply=reply, stop=stop, max_turns=max_turns,
                      max_turn_tokens=max_turn_tokens, max_reply_tokens=max_reply_tokens,
                      num_workers=num_workers, score=score)
