@@ -13,12 +13,15 @@ from tba_jax import buffer_state, replay_buffer
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(workdir, *overrides):
+def _run(workdir, *overrides, faults=None):
+  """The tiny tool run; `faults` (faults.Plan.parse's text): through tests/fault_worker.py."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
   cache = os.path.expanduser(os.environ.get("TBA_JAX_TEST_CACHE", "~/.cache/tba_jax_test_xla"))
   arg = "configs/tools.py:tiny" + "".join("," + o for o in overrides)
-  return subprocess.run([sys.executable, "-m", "experiments.tools", "--config", arg,
+  command = (["-m", "experiments.tools"] if faults is None else
+             [os.path.join(ROOT, "tests", "fault_worker.py"), faults, "tools"])
+  return subprocess.run([sys.executable, *command, "--config", arg,
                          "--workdir", workdir, f"--compilation_cache={cache}"], cwd=ROOT,
                         env=env, capture_output=True, text=True, timeout=900)
 
@@ -49,7 +52,7 @@ def test_tiny_tool_run_trains_to_the_end_calling_its_tool(tmp_path, overrides):
 def test_tiny_tool_run_resumes_after_sigkill_with_masks_intact(tmp_path):
   import orbax.checkpoint as ocp
   workdir = str(tmp_path / "run")
-  killed = _run(workdir, "fault.stop_at_step=4")  # SIGKILL after step 4 (checkpoint at 3)
+  killed = _run(workdir, faults="stop_at_step=4")  # SIGKILL after step 4 (checkpoint at 3)
   assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
   state = ocp.PyTreeCheckpointer().restore(os.path.join(workdir, "checkpoints", "3", "buffer"))
   state = {k: np.asarray(v) for k, v in state.items()}
