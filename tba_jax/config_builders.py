@@ -182,7 +182,8 @@ TASKS = choices.fill(choices.TASKS, {
 
 def searcher_pool(config, task: Task, tokenizer, model_config: ModelConfig, meshes, *,
                   publish, params, reference=None, schedule: Schedule = Schedule(),
-                  fault_plan: faults.Plan | None = None) -> SearcherPool:
+                  fault_plan: faults.Plan | None = None,
+                  hosts: tuple[int, int] | None = None) -> SearcherPool:
   """This process's searchers, one per mesh, with the task's reward stage built on each.
 
   `publish(params, i)` places params on searcher i's devices; `params` are the trainer's
@@ -191,6 +192,9 @@ def searcher_pool(config, task: Task, tokenizer, model_config: ModelConfig, mesh
   samples its own shard of the training prompts (a global stride over every
   process's searchers); `schedule`: how they run beside the trainer (the mode, fixed
   here). `fault_plan`: failures on purpose (tba_jax/faults.py, a testing aid).
+  `hosts`: (this process's index, count) among the processes that search; None: every
+  process searches (jax.process_index(), jax.process_count()). A layout where some processes
+  only train (benchmarks/async_pinned.py) passes its own, so its searchers cover every prompt.
   Read from `config`: the sampler section, the searcher section (restarts, mismatch
   checks), task.max_prompt_len (the prompts' budget), the seed, and
   sync.in_flight_updates: the rows come from static batches, or with sampler.num_slots > 0
@@ -203,14 +207,15 @@ def searcher_pool(config, task: Task, tokenizer, model_config: ModelConfig, mesh
   train_ids = [p.id for p in task.train]
   problems = {p.id: p for p in task.train}
   stage = as_stage(task.reward)
-  num_shards = len(meshes) * jax.process_count()
+  host, num_hosts = hosts or (jax.process_index(), jax.process_count())
+  num_shards = len(meshes) * num_hosts
   options = SamplingOptions(
       max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
       eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, min_new_tokens=s.min_new_tokens,
       end_with_eos=s.end_with_eos)
   searchers = []
   for i, mesh in enumerate(meshes):
-    shard = i + len(meshes) * jax.process_index()  # this searcher's global index
+    shard = i + len(meshes) * host  # this searcher's global index
     sampler = Sampler(model_config, options, mesh=mesh, buckets=Buckets(length=s.length_buckets))
     turns = (None if task.environment is None else  # replies read as plain text
              (task.environment, tokenizer.encode_text, tokenizer.decode))

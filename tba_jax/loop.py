@@ -55,7 +55,8 @@ from tba_jax.schedule import Schedule, due
 from tba_jax.searcher_pool import SearcherError, SearcherPool
 from tba_jax.tasks import Task
 
-__all__ = ["run", "export_checkpoint", "SearcherError", "FINISHED_FILE"]
+__all__ = ["run", "export_checkpoint", "build_trainer", "sample_batch", "SearcherError",
+           "FINISHED_FILE"]
 
 
 # Written to the workdir after the final evaluation and export: {"step", eval metrics}.
@@ -103,7 +104,7 @@ def run(config, workdir: str, task: Task | None = None,
   publish = build.publisher(model_cfg, base, meshes, searcher_dtype, trainer_mesh)
 
   # ----- Trainer, buffer, searchers, evaluation -------------------------------------
-  state, update, beta, lr = _trainer(c, model_cfg, params, base, task, trainer_mesh)
+  state, update, beta, lr = build_trainer(c, model_cfg, params, base, task, trainer_mesh)
   del params
   b = c.buffer
   global_buffer = build.replay_buffer(b, priority_beta=c.loss.beta_end, seed=c.seed)
@@ -184,7 +185,7 @@ def run(config, workdir: str, task: Task | None = None,
       if pool.before_step(step, global_buffer):  # alternate: a window's round
         raise saves.gave_up(state, reference)
       t0 = time.perf_counter()
-      batch, info = _sample(global_buffer, c, pool.layout)
+      batch, info = sample_batch(global_buffer, c, pool.layout)
       # Staleness enters here: the trainer's version minus each sample's.
       staleness = int(state.step) - batch.versions
       state, m = update(state, _to_global(batch, batch_shardings))
@@ -273,7 +274,7 @@ def run(config, workdir: str, task: Task | None = None,
 # ---------------------------------------------------------------------------
 # The run's parts.
 # ---------------------------------------------------------------------------
-def _trainer(c, model_cfg: ModelConfig, params, base, task: Task, trainer_mesh):
+def build_trainer(c, model_cfg: ModelConfig, params, base, task: Task, trainer_mesh):
   """(train state, update(state, batch), beta(u), lr(u)) from the config's optim and loss."""
   o = c.optim
   lr = build.lr_schedule(o, c.num_train_steps)  # the lr of update u (1-based, as the authors)
@@ -366,7 +367,7 @@ def _load_policy(c, tokenizer, trainer_mesh):
                            trainer_mesh, c.seed)
 
 
-def _sample(buffer: ReplayBuffer, c, layout: batch_lib.Layout):
+def sample_batch(buffer: ReplayBuffer, c, layout: batch_lib.Layout):
   """(batch, info) of the step: the buffer's draw (the m rule), its completion columns cut
   to their length bucket (sampler.length_buckets)."""
   b = c.buffer
@@ -405,7 +406,7 @@ def export_checkpoint(config, workdir: str, out_dir: str) -> int:
   tokenizer = build.load_tokenizer(c.model)
   model_cfg, params, base = _load_policy(c, tokenizer, trainer_mesh)
   task = build.build_task(c.task, tokenizer)
-  state, _, _, _ = _trainer(c, model_cfg, params, base, task, trainer_mesh)
+  state, _, _, _ = build_trainer(c, model_cfg, params, base, task, trainer_mesh)
   tree = state if not c.loss.ref_reset_every else (
       state, weight_sync.snapshot(state.params, c.sync.weights_dtype or c.model.dtype))
   checkpointer = Checkpointer(checkpoints, c.checkpoint.max_to_keep)
