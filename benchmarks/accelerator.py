@@ -18,6 +18,8 @@ Medians over --repeats; one line per figure, and a JSON line at the end. --parts
 the figures; --profile DIR also traces one sampler call per batch size and prints its
 device kernels per decode step (how many, their summed time beside the step's, the
 largest), which is how the weight-slice copies were found (LAB_LOG.md, "One H200 again").
+--json PATH rewrites the results there after every figure, so a part cut off by its time
+limit (benchmarks/gpu.sh) still leaves the figures it had measured.
 """
 import argparse
 import functools
@@ -61,7 +63,7 @@ def kernel_summary(folder: str, steps: int, step_seconds: float) -> dict:
   return out
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--hbm_gbps", type=float, default=4800.0)
   parser.add_argument("--peak_tflops", type=float, default=989.0)
@@ -74,6 +76,9 @@ def main():
   parser.add_argument("--train_len", type=int, default=640)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--small", action="store_true", help="a 2-layer model (smoke test on CPU)")
+  parser.add_argument("--tiny", action="store_true",
+                      help="a 2-layer, 64-wide model (gpu.sh's dry run on CPU: seconds)")
+  parser.add_argument("--json", default="", help="write the results here after every figure")
   parser.add_argument("--attention_impl", default="auto",
                       help="model.attention_impl: auto, xla, cudnn, pallas (tba_jax/attention.py)")
   parser.add_argument("--parts", default="sampler,streaming,trainer",
@@ -83,7 +88,7 @@ def main():
                            "the device kernels per decode step and where their time goes")
   parser.add_argument("--unroll_layers", action="store_true",
                       help="unroll the model's layer scan (one straight-line program per step)")
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   parts = set(args.parts.split(","))
   if args.unroll_layers:
     from benchmarks.roofline import unrolled_layers
@@ -99,9 +104,20 @@ def main():
   cfg = ModelConfig(vocab_size=32000, dim=2048, mlp_dim=5632, num_layers=2 if args.small else 22,
                     num_heads=32, num_kv_heads=4, head_dim=64, dtype="bfloat16",
                     attention_impl=args.attention_impl)
+  if args.tiny:
+    cfg = cfg.replace(vocab_size=256, dim=64, mlp_dim=128, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=16)
   n_params = model.count_params(cfg)
   device = jax.devices()[0]
-  results = {"device": str(device.device_kind), "params": n_params}
+  results = {"device": str(device.device_kind), "params": n_params,
+             "hbm_gbps": args.hbm_gbps, "peak_tflops": args.peak_tflops}
+
+  def save():
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(results, f, indent=1)
+
+  save()
   print(f"{device.device_kind}: RhoMath-1B-shaped model, {n_params / 1e9:.2f}B params, bfloat16")
   rng = np.random.default_rng(0)
   mesh = sharding.make_mesh("searcher", [device])
@@ -131,11 +147,13 @@ def main():
                                 "hbm_roofline_fraction": roofline}
     print(f"sampler batch {b:>4}: {tps:>9.0f} tok/s, decode step {step * 1e3:6.2f} ms, "
           f"{roofline:5.1%} of the HBM roofline")
+    save()
     if args.profile:
       folder = os.path.join(args.profile, f"sampler_b{b}")
       with jax.profiler.trace(folder, create_perfetto_trace=True):
         sampler(params, prompts, jax.random.key(2))
       results[f"sampler_b{b}"]["profile"] = kernel_summary(folder, args.new_tokens, step)
+      save()
 
   # ----- Streaming sampler (continuous batching) -----------------------------------------
   # 2 x N rows through N slots (every slot refilled once), no EOS: the pool's own cost.
@@ -156,6 +174,7 @@ def main():
                                        "hbm_roofline_fraction": roofline}
     print(f"streaming {n:>4} slots: {tps:>9.0f} tok/s, step {step * 1e3:6.2f} ms (prefill "
           f"included), {roofline:5.1%} of the HBM roofline")
+    save()
 
   if "trainer" not in parts:
     print("RESULTS " + json.dumps(results))
@@ -192,6 +211,7 @@ def main():
   results["trainer"] = {"tokens_per_s": n * t / seconds, "step_s": seconds, "mfu": mfu}
   print(f"trainer {n} x {t} tokens: {n * t / seconds:,.0f} tok/s, {seconds:.3f} s/step, "
         f"MFU {mfu:.1%}")
+  save()
 
   # ----- Weight sync -----------------------------------------------------------------
   dst = sharding.param_shardings(cfg, "searcher", mesh)
@@ -202,6 +222,7 @@ def main():
   results["sync"] = {"seconds": seconds, "gb_per_s": weight_bytes / seconds / 1e9}
   print(f"weight sync (bfloat16, {weight_bytes / 1e9:.1f} GB): {seconds * 1e3:.1f} ms, "
         f"{weight_bytes / seconds / 1e9:.0f} GB/s")
+  save()
   print("RESULTS " + json.dumps(results))
 
 

@@ -1,71 +1,118 @@
 #!/usr/bin/env bash
-# One accelerator, under 10 minutes: the attention backends' numerics on this device
-# (tests/attention_test.py: cudnn / pallas against xla), sampler tokens/s and HBM roofline
-# fraction (static batches and the streaming sampler at 64 and 256 slots), trainer MFU,
-# weight-sync time (benchmarks/accelerator.py, attention_impl auto, falling back to xla;
-# then decode and the update with cuBLAS gemms in place of Triton's, decode profiled),
-# each printed beside benchmarks/roofline.py's prediction for this chip
-# (benchmarks/measured_vs_predicted.py), then a short asynchronous GSM8K-format run of a
-# random-init model of RhoMath-1B's shape. Everything goes to ${OUT:-/tmp/tba_gpu}.
+# One accelerator, one command, one deadline: everything below finishes DEADLINE_S seconds
+# (540 by default) after the script starts. Each part runs under the smaller of its own
+# limit and the time left, and is skipped, saying so, when less than its minimum is left:
+#   env            versions and devices
+#   decode         benchmarks/accelerator.py on a random RhoMath-1B-shaped model: decode
+#                  tok/s and HBM roofline fraction at batch 8/64/256 (each profiled: kernels
+#                  a step), the TB update's MFU, the weight publish
+#   decode_cublas  the same under XLA_FLAGS=--xla_gpu_enable_triton_gemm=false
+#   learn_tba      the embedded default (configs/gsm8k.py:cpu, SmolLM2-135M-Instruct) trained
+#                  on this device for LEARN_S (120) seconds, or half of what is left, held-out
+#                  evaluations (skipped under 60 s)
+#   learn_trl      TRL's GRPOTrainer on the same model, task, prompts and evaluation on the
+#                  same device for the same seconds (benchmarks/trl_grpo.py --device cuda)
+#   attention      tests/attention_test.py's backends on this device
+# then benchmarks/gpu_summary.py writes $OUT/summary.json (and prints it): each part's seconds
+# and status, the figures beside benchmarks/results/predicted_rho1b.json (the roofline
+# bound, computed on a CPU: benchmarks/roofline.py --shapes rho-1b --recipes accelerator).
 #
-#   bash benchmarks/gpu.sh                    # H200 figures by default
+#   bash benchmarks/gpu.sh                          # H200 figures by default
 #   CHIP=H100 HBM_GBPS=3350 bash benchmarks/gpu.sh
-#   (TPU: benchmarks/tpu.sh, the same with a TPU chip's figures)
+#   DRY_RUN=1 OUT=/tmp/dry bash benchmarks/gpu.sh   # the same on this CPU at tiny shapes
 #
-# Needs jax with the accelerator plugin, flax, optax, orbax-checkpoint, transformers,
-# ml-collections, gguf, tensorboardX (pip install -e . on a machine with network; on an
-# offline machine, carry wheels in .whl/ and they are installed first).
-set -euo pipefail
+# The embedded model and TRL's wheels come first, in parts (benchmarks/gpu_files.py; the
+# device commands are in docs/benchmarks.md, "The accelerator lease"); other wheels carried
+# in .whl/ are installed too. The parts write into $RUN_DIR; ${OUT:-/tmp/tba_gpu} gets three
+# files (a lent machine sends back at most 8): summary.json, results.txt (this script's
+# output) and parts.tar.gz (each part's log and JSON, the learning runs' curves and metrics).
+set -uo pipefail  # not -e: a part that fails leaves the others
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/tba_gpu}"
-run="${RUN_DIR:-/tmp/tba_gpu_run}"  # checkpoints and all, outside $out
-mkdir -p "$out"
-rm -rf "$run"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/tba_site .whl/*.whl
-  export PYTHONPATH="/tmp/tba_site:${PYTHONPATH:-}"
-fi
+work="${RUN_DIR:-/tmp/tba_gpu_run}"
+deadline="${DEADLINE_S:-540}"
+reserve=20  # seconds kept for the summary and timeout's grace
+dry="${DRY_RUN:-}"
+rm -rf "$work"
+mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1
-# Each part has its own time limit (a lent machine's minutes are few), so one that hangs or
-# breaks leaves the others' figures; PREDICTED=file.json reuses a prediction computed
-# beforehand on any CPU (the roofline part compiles on the host, a minute).
-part() { local limit=$1; shift; timeout "$limit" "$@" || echo "== (that part ended with status $?)"; }
+if [[ -n $dry ]]; then  # tiny shapes on the CPU: the script's plumbing, in a minute or two
+  export JAX_PLATFORMS=cpu
+  shapes=(--tiny --prompt_len 8 --new_tokens 8 --train_batch 4 --train_len 16 --repeats 1)
+  tiny=(--tiny) learn_s="${LEARN_S:-10}" learn_min=5 overhead=40 samples=1 profile=()
+else
+  export PYTHONPATH="${SITE:-/tmp/tba_site}:${PYTHONPATH:-}"  # benchmarks/gpu_files.py's
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target "${SITE:-/tmp/tba_site}" .whl/*.whl
+  fi
+  shapes=() tiny=() learn_s="${LEARN_S:-120}" learn_min=60 overhead=60 samples=8
+  profile=(--profile "$work/profile")
+fi
+
+record() {  # NAME RC SECONDS LIMIT WHY: one line of $work/parts.jsonl
+  printf '{"part": "%s", "rc": %s, "seconds": %s, "limit_s": %s, "why": "%s"}\n' "$@" \
+    >> "$work/parts.jsonl"
+}
+skip() { echo "== $1: skipped ($2)"; record "$1" '"skipped"' 0 0 "$2"; }
+part() {  # NAME LIMIT MIN COMMAND...: under min(LIMIT, time left); output in $work/NAME.log
+  local name=$1 limit=$2 min=$3 left=$((deadline - reserve - SECONDS)) t0=$SECONDS rc=0
+  shift 3
+  ((limit > left)) && limit=$left
+  ((limit < min)) && { skip "$name" "$left s left of the deadline, it needs $min s"; return; }
+  echo "== $name (limit $limit s): $*"
+  timeout -k 5 "$limit" "$@" > "$work/$name.log" 2>&1 || rc=$?
+  tail -n 6 "$work/$name.log"
+  record "$name" "$rc" $((SECONDS - t0)) "$limit" ""
+}
+
 {
-  echo "== $(date -u) $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true)"
-  python3 -c "import jax, flax, optax, orbax.checkpoint as o; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'orbax', o.__version__, jax.devices())"
-  echo "== attention backends on this device (tests/attention_test.py)"
-  JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}" part 120 python3 -m pytest -q -p no:cacheprovider tests/attention_test.py 2>&1 | tail -n 5
-  acc=(python3 -m benchmarks.accelerator --hbm_gbps "${HBM_GBPS:-4800}" --peak_tflops "${PEAK_TFLOPS:-989}")
-  part 300 "${acc[@]}" --attention_impl auto | tee "$out/accelerator.txt"
-  grep -q RESULTS "$out/accelerator.txt" || part 200 "${acc[@]}" --attention_impl xla | tee "$out/accelerator.txt"
-  echo "== cuBLAS gemms instead of Triton's (they read the layer scan's weight slices in place)"
-  XLA_FLAGS="--xla_gpu_enable_triton_gemm=false ${XLA_FLAGS:-}" part 200 "${acc[@]}" \
-    --parts sampler,trainer --sampler_batches 8,64 --profile "$run/profile" 2>&1 | { grep -v RESULTS || true; }
-  echo "== measured beside predicted (${CHIP:-H200})"
-  predicted="${PREDICTED:-$out/predicted.json}"
-  [[ -f "$predicted" ]] || JAX_PLATFORMS=cpu python3 -m benchmarks.roofline --shapes rho-1b \
-    --recipes accelerator --json "$predicted" > "$out/roofline.txt"
-  python3 -m benchmarks.measured_vs_predicted "$out/accelerator.txt" "$predicted" \
-    --chip "${CHIP:-H200}" || true
-  echo "== short async run (random RhoMath-1B shape, arithmetic task, 20 steps)"
-  part 200 python3 -m experiments.gsm8k --config configs/gsm8k.py:rho1b --workdir "$run" \
-    --compilation_cache= --config.model.path=random --config.model.tokenizer=bytes \
-    --config.model.random.vocab_size=32000 --config.model.random.dim=2048 \
-    --config.model.random.mlp_dim=5632 --config.model.random.num_layers=22 \
-    --config.model.random.num_heads=32 --config.model.random.num_kv_heads=4 \
-    --config.model.random.head_dim=64 --config.task.name=arithmetic \
-    --config.task.prompt_style="{question}" --config.task.max_prompt_len=32 \
-    --config.sampler.max_new_tokens=256 --config.num_train_steps=20 --config.eval.every=0 \
-    --config.eval.num_problems=64 --config.eval.max_new_tokens=256 --config.export=False \
-    --config.buffer.prefill=140 2>&1 | tail -n 5
-  cp "$run/metrics.jsonl" "$out/async_run_metrics.jsonl" || true
-  [[ -f "$run/metrics.jsonl" ]] && python3 - "$run/metrics.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-train = [r for r in rows if "loss" in r]
-print(f"async run: {len(train)} steps, median step {sorted(r['step_seconds'] for r in train)[len(train)//2]:.2f} s, "
-      f"tokens/s {sorted(r['tokens_per_second'] for r in train)[len(train)//2]:.0f}, "
-      f"staleness mean {sum(r['staleness_mean'] for r in train)/len(train):.2f}, "
-      f"trainer idle {train[-1]['trainer_idle_fraction']:.2f}, searcher busy {train[-1]['searcher_busy_fraction']:.2f}")
-PY
+  echo "== $(date -u) deadline $deadline s${dry:+ (dry run on the CPU)}"
+  [[ -z $dry ]] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  part env 60 10 python3 -m benchmarks.gpu_summary "$work" --versions
+
+  acc=(python3 -m benchmarks.accelerator --hbm_gbps "${HBM_GBPS:-4800}"
+       --peak_tflops "${PEAK_TFLOPS:-989}" --parts sampler,trainer --sampler_batches 8,64,256
+       --stream_slots "" "${shapes[@]}")
+  part decode 150 60 "${acc[@]}" "${profile[@]}" --json "$work/decode.json"
+  part decode_cublas 110 50 env XLA_FLAGS="--xla_gpu_enable_triton_gemm=false ${XLA_FLAGS:-}" \
+    "${acc[@]}" --json "$work/decode_cublas.json"
+
+  # Both arms train for the same seconds: LEARN_S, or half of what is left once each arm's
+  # start-up and evaluations (overhead) are set aside (the attention tests get what remains).
+  left=$((deadline - reserve - SECONDS))
+  budget=$(((left - 2 * overhead) / 2))
+  ((budget > learn_s)) && budget=$learn_s
+  learn=(python3 -m benchmarks.trl_grpo --minutes "$(python3 -c "print($budget / 60)")"
+         --eval_seconds $((budget / 3 > 1 ? budget / 3 : 1)) --eval_samples "$samples"
+         --results_dir "$work/ledger")  # a validation run: its ledger line is in parts.tar.gz
+  if ((budget < learn_min)); then
+    skip learn_tba "$left s left: under $learn_min s of training for each arm"
+    skip learn_trl "$left s left: under $learn_min s of training for each arm"
+  else
+    part learn_tba $((budget + overhead)) $((budget + 10)) \
+      "${learn[@]}" --tba_only "${tiny[@]}" --out "$work/learn_tba"
+    if [[ -n $dry ]]; then
+      skip learn_trl "dry run: TRL has no tiny model"
+    elif ! why=$(python3 -c "import trl" 2>&1 | tail -n 1); then
+      skip learn_trl "trl not importable: ${why//\"/\'}"
+    else
+      part learn_trl $((budget + overhead)) $((budget + 10)) \
+        "${learn[@]}" --trl_only --device cuda --out "$work/learn_trl"
+    fi
+  fi
+
+  if [[ -n $dry ]]; then
+    skip attention "dry run: its backends' tests need a GPU"
+  else
+    part attention 120 40 env JAX_PLATFORMS=cuda python3 -m pytest -q -p no:cacheprovider \
+      tests/attention_test.py
+  fi
+
+  predicted=()
+  [[ -z $dry ]] && predicted=(--predicted benchmarks/results/predicted_rho1b.json)
+  python3 -m benchmarks.gpu_summary "$work" --deadline_s "$deadline" --total_s "$SECONDS" \
+    --chip "${CHIP:-H200}" "${predicted[@]}" ${dry:+--dry_run}
+  cp "$work/summary.json" "$out/"
+  tar czf "$out/parts.tar.gz" -C "$work" --exclude=checkpoints --exclude=tensorboard \
+    --exclude=smollm2_hf --exclude=profile --exclude=eval_samples .
 } 2>&1 | tee "$out/results.txt"

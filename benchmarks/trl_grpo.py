@@ -34,6 +34,11 @@ pre-fill; TRL's starts once its model is loaded).
 Prints time to 0.8 and 0.9, best and final accuracy for both and the ratios; writes
 --out/curves.json and --out/curves.png (accuracy, per-token KL and batch reward against
 training wall-clock and against updates).
+
+On a GPU (benchmarks/gpu.sh): --device cuda runs TRL's model there (tba_jax uses whatever
+JAX's platform is); --tba_only and --trl_only run one arm each, so a time limit cut on one
+leaves the other; --tiny runs the tba_jax arm on the recipe's tiny random model
+(configs/gsm8k.py:tiny, or the suite task's tiny), the script's dry run on a CPU.
 """
 import argparse
 import dataclasses
@@ -101,7 +106,7 @@ def tba_spec(overrides) -> str:
 def config_spec(task: str, tiny: bool = False) -> str:
   """The --config of a suite task ("" = the cpu recipe); `tiny`: its tiny random model."""
   if not task:
-    return CPU_RECIPE
+    return "configs/gsm8k.py:tiny" if tiny else CPU_RECIPE
   return f"configs/suite.py:{task}{',tiny' if tiny else ''}"
 
 
@@ -182,7 +187,7 @@ def tba_curves(workdir: str) -> dict:
 
 # ----- The TRL arm --------------------------------------------------------------------------
 def trl_arm(task: str, settings: TrlSettings, seed: int, schedule: Schedule, out: str,
-            results_dir: str = protocol.RESULTS) -> dict:
+            results_dir: str = protocol.RESULTS, device: str = "cpu") -> dict:
   """A TRL run in a fresh process (its allocator set before torch loads); its curves. The
   caller records the run in `results_dir`'s ledgers (benchmarks/protocol.py) first: a test
   split run checks that its read was recorded."""
@@ -191,7 +196,7 @@ def trl_arm(task: str, settings: TrlSettings, seed: int, schedule: Schedule, out
          f"--trl_prompts={settings.prompts}", f"--trl_k={settings.k}",
          f"--minutes={schedule.budget_s / 60}", f"--eval_seconds={schedule.eval_seconds}",
          f"--eval_samples={schedule.eval_samples}", f"--split={schedule.split}",
-         f"--results_dir={results_dir}", "--recorded",
+         f"--results_dir={results_dir}", "--recorded", f"--device={device}",
          f"--out={out}"]
   print(f"[trl] {' '.join(cmd[1:])}", flush=True)
   os.makedirs(out, exist_ok=True)
@@ -204,8 +209,10 @@ def trl_arm(task: str, settings: TrlSettings, seed: int, schedule: Schedule, out
     return json.load(f)["TRL GRPO"]
 
 
-def run_trl(c, settings: TrlSettings, seed: int, schedule: Schedule, out: str) -> dict:
-  """TRL's GRPOTrainer on config `c`'s task, in this process; its curves."""
+def run_trl(c, settings: TrlSettings, seed: int, schedule: Schedule, out: str,
+            device: str = "cpu") -> dict:
+  """TRL's GRPOTrainer on config `c`'s task, in this process, on torch's `device` ("cpu" or
+  "cuda"); its curves."""
   import datasets
   import torch
   import transformers
@@ -215,7 +222,8 @@ def run_trl(c, settings: TrlSettings, seed: int, schedule: Schedule, out: str) -
   from tba_jax.tasks import RewardBatch, as_stage
 
   transformers.set_seed(seed)  # python, numpy and torch (GRPOConfig's seed does it again)
-  torch.set_num_threads(os.cpu_count())
+  if device == "cpu":
+    torch.set_num_threads(os.cpu_count())
   path = hf_checkpoints.smollm2_gguf_path()
   tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path),
                                                    gguf_file=os.path.basename(path))
@@ -250,7 +258,7 @@ def run_trl(c, settings: TrlSettings, seed: int, schedule: Schedule, out: str) -
     per_problem = []
     for start in range(0, len(prompts), 16):
       enc = tok(prompts[start:start + 16], return_tensors="pt", padding=True,
-                add_special_tokens=False)
+                add_special_tokens=False).to(m.device)
       gen = m.generate(**enc, do_sample=True, top_k=0, top_p=1.0,
                        temperature=c.eval.temperature or c.sampler.temperature,
                        max_new_tokens=c.eval.max_new_tokens, num_return_sequences=n,
@@ -279,6 +287,8 @@ def run_trl(c, settings: TrlSettings, seed: int, schedule: Schedule, out: str) -
       accuracy, se = evaluate(model)
       curves["evals"].append(dict(seconds=at, updates=step, accuracy=accuracy, se=se,
                                   metrics={}))
+      with open(os.path.join(out, "curves.json"), "w") as f:  # so far (a run cut off keeps it)
+        json.dump({"TRL GRPO": curves}, f)
       self.spent += time.perf_counter() - t0
       self.last_eval = at
 
@@ -304,7 +314,7 @@ def run_trl(c, settings: TrlSettings, seed: int, schedule: Schedule, out: str) -
       temperature=c.sampler.temperature, top_p=1.0, top_k=0, learning_rate=settings.lr,
       beta=settings.beta, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
       weight_decay=0.0, max_steps=100000, logging_steps=1, save_strategy="no",
-      report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False, seed=seed,
+      report_to="none", use_cpu=device == "cpu", bf16=False, gradient_checkpointing=False, seed=seed,
       data_seed=seed, disable_dropout=True)
   clock = Clock()
   trainer = trl.GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=train,
@@ -401,6 +411,11 @@ def main(argv=None):
   parser.add_argument("--skip_tba", action="store_true", help="reuse --out/tba_jax's run")
   parser.add_argument("--trl_only", action="store_true",
                       help="run TRL alone (pair it later with --reuse_trl --out/curves.json)")
+  parser.add_argument("--tba_only", action="store_true", help="run tba_jax alone")
+  parser.add_argument("--tiny", action="store_true",
+                      help="tba_jax on the recipe's tiny random model (a dry run: seconds)")
+  parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                      help="torch's device for TRL (tba_jax's is JAX's platform)")
   parser.add_argument("--reuse_trl", default="",
                       help="a curves.json of an earlier run whose TRL curves to reuse")
   # Set by benchmarks.suite, which records its runs in the ledgers itself.
@@ -408,7 +423,9 @@ def main(argv=None):
   parser.add_argument("--results_dir", default=protocol.RESULTS, help="where the ledgers are")
   parser.add_argument("--out", default="/tmp/tba_vs_trl")
   args = parser.parse_args(argv)
-  task, spec = args.task or "cpu", config_spec(args.task)
+  if args.tiny and not args.tba_only:
+    parser.error("--tiny runs the tba_jax arm only (TRL has no tiny model): add --tba_only")
+  task, spec = args.task or "cpu", config_spec(args.task, args.tiny)
   # (rounded: the suite passes its budget in minutes, and the fingerprint holds seconds)
   schedule = Schedule(round(args.minutes * 60, 6), args.eval_seconds, args.eval_samples,
                       args.split)
@@ -427,17 +444,19 @@ def main(argv=None):
   malloc = host_memory.keep_freed_memory()  # before torch or XLA allocate (module docstring)
   os.makedirs(args.out, exist_ok=True)
 
+  if args.tiny:  # a tiny model's runs try no configuration of the task (as the suite's)
+    task += ",tiny"
   if args.split == "validation" and not args.recorded:  # every validation run counts as a configuration tried
     if not (args.skip_tba or args.trl_only):
       ledger.record_validation(task, tba_spec(args.tba), protocol.OURS,
                                tba_fingerprint(spec, args.tba, schedule), args.seed,
                                schedule.budget_s)
-    if not args.reuse_trl:
+    if not (args.reuse_trl or args.tba_only):
       ledger.record_validation(task, settings.spec(), protocol.PEER,
                                trl_fingerprint(spec, settings, schedule), args.seed,
                                schedule.budget_s)
   if args.trl_only:
-    curves = run_trl(load_config(spec), settings, args.seed, schedule, args.out)
+    curves = run_trl(load_config(spec), settings, args.seed, schedule, args.out, args.device)
     curves["malloc"] = malloc
     with open(os.path.join(args.out, "curves.json"), "w") as f:
       json.dump({"args": vars(args), "TRL GRPO": curves}, f)
@@ -450,12 +469,17 @@ def main(argv=None):
     results = {"tba_jax": tba_curves(workdir)}
   else:
     results = {"tba_jax": tba_arm(spec, args.tba, args.seed, schedule, workdir)}
+  if args.tba_only:
+    with open(os.path.join(args.out, "curves.json"), "w") as f:
+      json.dump({"args": vars(args), **results}, f)
+    print(f"tba_jax: {summary(results['tba_jax'])}")
+    return
   if args.reuse_trl:
     with open(args.reuse_trl) as f:
       results["TRL GRPO"] = legacy_curves(json.load(f)["TRL GRPO"])
   else:
     results["TRL GRPO"] = trl_arm(args.task, settings, args.seed, schedule,
-                                  os.path.join(args.out, "trl"))
+                                  os.path.join(args.out, "trl"), args.results_dir, args.device)
   with open(os.path.join(args.out, "curves.json"), "w") as f:
     json.dump({"args": vars(args), **results}, f)
   plot(results, os.path.join(args.out, "curves.png"))
