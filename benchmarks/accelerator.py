@@ -150,9 +150,12 @@ def main(argv=None):
     save()
     if args.profile:
       folder = os.path.join(args.profile, f"sampler_b{b}")
-      with jax.profiler.trace(folder, create_perfetto_trace=True):
-        sampler(params, prompts, jax.random.key(2))
-      results[f"sampler_b{b}"]["profile"] = kernel_summary(folder, args.new_tokens, step)
+      try:  # a trace that fails costs its figure, not the measurements after it
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+          sampler(params, prompts, jax.random.key(2))
+        results[f"sampler_b{b}"]["profile"] = kernel_summary(folder, args.new_tokens, step)
+      except Exception as e:  # noqa: BLE001
+        print(f"  profile of batch {b} failed: {type(e).__name__}: {e}")
       save()
 
   # ----- Streaming sampler (continuous batching) -----------------------------------------

@@ -20,6 +20,7 @@
 #   bash benchmarks/gpu.sh                          # H200 figures by default
 #   CHIP=H100 HBM_GBPS=3350 bash benchmarks/gpu.sh
 #   DRY_RUN=1 OUT=/tmp/dry bash benchmarks/gpu.sh   # the same on this CPU at tiny shapes
+#   TBA_OVERRIDES="model.dtype=bfloat16" bash benchmarks/gpu.sh  # tba_jax's arm changed
 #
 # The embedded model and TRL's wheels come first, in parts (benchmarks/gpu_files.py; the
 # device commands are in docs/benchmarks.md, "The accelerator lease"); other wheels carried
@@ -89,8 +90,8 @@ part() {  # NAME LIMIT MIN COMMAND...: under min(LIMIT, time left); output in $w
     skip learn_tba "$left s left: under $learn_min s of training for each arm"
     skip learn_trl "$left s left: under $learn_min s of training for each arm"
   else
-    part learn_tba $((budget + overhead)) $((budget + 10)) \
-      "${learn[@]}" --tba_only "${tiny[@]}" --out "$work/learn_tba"
+    part learn_tba $((budget + overhead)) $((budget + 10)) "${learn[@]}" --tba_only \
+      "${tiny[@]}" ${TBA_OVERRIDES:+--tba $TBA_OVERRIDES} --out "$work/learn_tba"
     if [[ -n $dry ]]; then
       skip learn_trl "dry run: TRL has no tiny model"
     elif ! why=$(python3 -c "import trl" 2>&1 | tail -n 1); then

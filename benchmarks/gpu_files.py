@@ -138,7 +138,7 @@ def receive(parts_dir: str, store: str, site: str) -> bool:
   shutil.copytree(os.path.join(unpacked, PACKAGE), os.path.join(site, PACKAGE))
   if wheels:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                    "--upgrade", "--target", site, *wheels], check=True)
+                    "--no-compile", "--no-cache-dir", "--upgrade", "--target", site, *wheels], check=True)
   print(f"gpu_files: {len(manifest['members'])} members checked (sha256) and installed into "
         f"{site}: {PACKAGE} and {len(wheels)} wheels")
   return True

@@ -13,11 +13,12 @@ roofline bound's tokens/s (--predicted: benchmarks/roofline.py --json, RhoMath-1
 and the fraction of it reached; the update's tokens/s and MFU; the weight publish beside
 its floor (6 bytes a parameter over the HBM bandwidth: float32 read, bfloat16 written);
 each learning arm's held-out accuracy start -> end, updates, training seconds, step time
-(tba_jax: also staleness), its evaluations, and the ratio of the two arms' training times
+(tba_jax: also staleness and the largest sampler_mismatch), its evaluations, and the ratio of the two arms' training times
 to the best accuracy both reached. A part that wrote nothing leaves its figures null.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 
@@ -110,6 +111,10 @@ def learning_arm(folder: str, name: str) -> dict | None:
     if rows:  # the first update's time holds the compilation: the median leaves it out
       out["step_seconds"] = statistics.median(r["step_seconds"] for r in rows)
       out["staleness_mean"] = statistics.mean(r["staleness_mean"] for r in rows)
+      # the searchers' log-probs against the trainer's function on the same weights
+      gaps = [g for g in (r.get("sampler_mismatch") for r in rows)
+              if g is not None and not math.isnan(g)]  # (NaN: not checked at that step)
+      out["sampler_mismatch_max"] = max(gaps, default=None)
   return out
 
 
@@ -155,7 +160,9 @@ def lines(s: dict) -> list[str]:
     for b, d in decode.items():
       out.append(f"  decode b{b:<4} {flags:<12} {d['tokens_per_s']:>10,.0f} tok/s, "
                  f"{d['hbm_roofline_fraction']:6.1%} of the HBM roofline, "
-                 f"{f(d['of_predicted'], '.2f')} of the bound's tok/s")
+                 f"{f(d['of_predicted'], '.2f')} of the bound's tok/s" +
+                 (f", {d['kernels_per_step']:.0f} kernels a step" if d["kernels_per_step"]
+                  else ""))
   for flags, u in s["update"].items():
     if u:
       out.append(f"  update {flags:<12} MFU {u['mfu']:.1%}, {u['tokens_per_s']:,.0f} tok/s")
@@ -171,7 +178,8 @@ def lines(s: dict) -> list[str]:
       out.append(f"  {name:<8} accuracy {f(arm['accuracy_start'], '.3f')} -> "
                  f"{f(arm['accuracy_end'], '.3f')}, {arm['updates']} updates in "
                  f"{arm['train_seconds']:.0f} s, step {f(arm['step_seconds'], '.2f')} s" +
-                 (f", staleness {arm['staleness_mean']:.2f}" if "staleness_mean" in arm else ""))
+                 (f", staleness {arm['staleness_mean']:.2f}, sampler mismatch (max) "
+                  f"{f(arm['sampler_mismatch_max'], '.2g')}" if "staleness_mean" in arm else ""))
     else:
       out.append(f"  {name:<8} no curves")
   return out

@@ -38,7 +38,7 @@ def test_the_dry_run_writes_a_summary_with_every_part_inside_its_deadline(tmp_pa
   assert s["sync"]["seconds"] > 0 and s["sync"]["floor_seconds"] > 0
   tba = s["learning"]["tba_jax"]
   assert tba["accuracy_start"] is not None and tba["accuracy_end"] is not None
-  assert tba["updates"] >= 1 and "staleness_mean" in tba
+  assert tba["updates"] >= 1 and "staleness_mean" in tba and "sampler_mismatch_max" in tba
   assert "== summary (dry run)" in done.stdout
 
 
