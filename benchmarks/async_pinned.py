@@ -89,7 +89,7 @@ def _free_port() -> int:
 
 
 def run_arm(arm: str, spec: str, overrides: list[str], cores: list[int], workdir: str,
-            timeout_s: float) -> None:
+            timeout_s: float, cache: str = "") -> None:
   """The arm's process(es), each told its cores; output in workdir/<role>.log. One that
   fails (or the timeout) ends the other."""
   os.makedirs(workdir, exist_ok=True)
@@ -103,7 +103,8 @@ def run_arm(arm: str, spec: str, overrides: list[str], cores: list[int], workdir
     log = open(os.path.join(workdir, f"{role}.log"), "w")
     cmd = [sys.executable, "-m", "benchmarks.async_pinned", "--worker", role,
            f"--cores={','.join(map(str, mine))}", f"--ports={ports}", f"--config={spec}",
-           f"--out={workdir}", *[f"--override={o}" for o in overrides]]
+           f"--out={workdir}", f"--compilation_cache={cache}",
+           *[f"--override={o}" for o in overrides]]
     procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
                                    stderr=subprocess.STDOUT), log))
   print(f"[{arm}] {len(procs)} process(es), logs in {workdir}", flush=True)
@@ -126,10 +127,13 @@ def run_arm(arm: str, spec: str, overrides: list[str], cores: list[int], workdir
 
 # ----- The worker processes --------------------------------------------------------------------
 def worker(role: str, cores: list[int], ports: list[int], spec: str, overrides: list[str],
-           workdir: str) -> None:
+           workdir: str, cache: str) -> None:
   """One process of an arm, pinned to `cores` before JAX starts (its thread pools see them)."""
   os.sched_setaffinity(0, cores)
   import jax
+  if cache:  # one per arm: a 2-process program must not be read back by a 1-process run
+    jax.config.update("jax_compilation_cache_dir", os.path.join(cache, f"async_pinned_{role}"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   from tba_jax import distributed
   from tba_jax import config_builders as build
   c = load(spec, overrides)
@@ -379,6 +383,9 @@ def main(argv=None):
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", default="/tmp/tba_async_pinned")
   parser.add_argument("--tiny", action="store_true", help="the tiny random model (a test)")
+  parser.add_argument("--compilation_cache", default="",
+                      help="a JAX compilation cache directory for the workers (default none: "
+                           "compilation counts in both arms, as a fresh run's)")
   parser.add_argument("--arms", default=",".join(ARMS), help="which arms, comma-separated")
   parser.add_argument("--cores", default="",
                       help="two cores, e.g. 0,1 (default: the first two this process may use)")
@@ -392,7 +399,7 @@ def main(argv=None):
            else sorted(os.sched_getaffinity(0))[:2])
   if args.worker:
     return worker(args.worker, cores, [int(p) for p in args.ports.split(",")], args.config,
-                  args.override, args.out)
+                  args.override, args.out, args.compilation_cache)
   if len(cores) < 2:
     raise SystemExit(f"needs two cores; this process may use {sorted(os.sched_getaffinity(0))}")
   spec = "configs/gsm8k.py:" + ("tiny" if args.tiny else "cpu")
@@ -406,7 +413,8 @@ def main(argv=None):
     overrides = base + arm_overrides(arm, recipe)
     t0 = time.time()
     # Set-up, compilation, pre-fill and evaluations come on top of the budget.
-    run_arm(arm, spec, overrides, cores, workdir, timeout_s=3 * budget + 1800)
+    run_arm(arm, spec, overrides, cores, workdir, timeout_s=3 * budget + 1800,
+            cache=args.compilation_cache)
     print(f"[{arm}] finished in {time.time() - t0:.0f} s", flush=True)
     results[arm] = {"config": spec, "overrides": overrides,
                     **summarize(workdir, arm, args.target, trained)}
