@@ -136,9 +136,11 @@ def receive(parts_dir: str, store: str, site: str) -> bool:
   os.makedirs(site, exist_ok=True)
   shutil.rmtree(os.path.join(site, PACKAGE), ignore_errors=True)
   shutil.copytree(os.path.join(unpacked, PACKAGE), os.path.join(site, PACKAGE))
-  if wheels:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                    "--no-compile", "--no-cache-dir", "--upgrade", "--target", site, *wheels], check=True)
+  pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+         "--no-cache-dir", "--upgrade", "--target", site]
+  if wheels and subprocess.run(pip + wheels).returncode:  # one bad wheel stops them all:
+    failed = [w for w in wheels if subprocess.run(pip + [w]).returncode]  # so one at a time
+    print(f"gpu_files: these wheels did not install: {[os.path.basename(w) for w in failed]}")
   print(f"gpu_files: {len(manifest['members'])} members checked (sha256) and installed into "
         f"{site}: {PACKAGE} and {len(wheels)} wheels")
   return True
