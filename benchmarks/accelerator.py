@@ -1,7 +1,7 @@
 r"""Sampler, trainer and weight-sync speed of a 1B-class model on one accelerator.
 
   python -m benchmarks.accelerator --hbm_gbps 4800 --peak_tflops 989   # H200 datasheet
-  (benchmarks/gpu.sh runs this plus a short async GSM8K-format run)
+  (benchmarks/gpu.sh runs this under two gemm settings, beside a learning run and TRL's)
 
 A random-init model of RhoMath-1B's shape (Llama, 22 layers, dim 2048,
 32 heads / 4 kv heads, vocab 32000) in bfloat16.
