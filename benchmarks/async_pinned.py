@@ -1,6 +1,7 @@
 r"""Asynchronous TBA with each role on its own core, against synchronous training on both.
 
-  python -m benchmarks.async_pinned --minutes 20 --out /tmp/async_pinned
+  python -m benchmarks.async_pinned --minutes 25 --out /tmp/async_pinned
+  python -m benchmarks.async_pinned --arms pinned --set sync.every=4 --out /tmp/p_k4  # a sweep point
   python -m benchmarks.async_pinned --tiny --minutes 0.2 --out /tmp/p   # the test's (random model)
 
 Two arms of the `cpu` recipe (configs/gsm8k.py:cpu; --tiny: its `tiny` variant), one after
@@ -20,12 +21,14 @@ and evaluation:
           on B x K samples drawn under the current weights, all of the machine doing each
           phase in turn (the runtime's loop.run).
 
-Evaluation (both): sampled pass@1 on the recipe's evaluation problems, before the first
-update, after the last, and at the first sync after --eval_seconds of training since the
-previous one; the pinned arm's two processes each evaluate half the problems (the
-runtime's multi-process evaluator), its searcher paused meanwhile. Clocks count training
-only: compilation and the pre-fill count, evaluations do not; the budget (--minutes)
-counts from the pre-fill's end, as max_train_seconds does.
+Evaluation (both): sampled pass@1 on every problem of the recipe's evaluation split
+(validation) x --eval_samples samples, before the first update, after the last, and at the
+first sync after --eval_seconds of training since the previous one (benchmarks.trl_grpo's
+grid); the pinned arm's two processes each evaluate half the problems (the runtime's
+multi-process evaluator), its searcher paused meanwhile. Clocks count training only:
+compilation and the pre-fill count, evaluations do not; the budget (--minutes) counts from
+the pre-fill's end, as max_train_seconds does. --set KEY=VALUE changes the pinned arm only
+(a sweep over S, k, m: run it with --arms pinned).
 
 Prints and writes --out/summary.json: per arm, time to --target, start / best / final
 accuracy, samples produced and trained per second, mean staleness, seconds per update
@@ -59,10 +62,13 @@ ARMS = ("pinned", "sync")
 
 
 # ----- The arms' configs ---------------------------------------------------------------------
-def common_overrides(budget_s: float, eval_seconds: float, seed: int) -> list[str]:
-  """Both arms: a budget instead of a step count, the evaluation grid, nothing saved."""
+def common_overrides(budget_s: float, eval_seconds: float, eval_samples: int,
+                     seed: int) -> list[str]:
+  """Both arms: a budget instead of a step count, the evaluation grid (benchmarks.trl_grpo's
+  defaults: every validation problem x 8 samples, every 150 s), nothing saved."""
   return [f"seed={seed}", "num_train_steps=100000", f"max_train_seconds={budget_s}",
           "eval.every=0", f"eval.every_seconds={eval_seconds}", "eval.greedy=False",
+          "eval.num_problems=0", f"eval.num_samples={eval_samples}",
           "eval.target_distance=False", "checkpoint.every=100000", "export=False"]
 
 
@@ -376,10 +382,14 @@ def summarize(workdir: str, arm: str, target: float, trained_per_update: int) ->
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--minutes", type=float, default=20.0, help="training budget per arm")
+  parser.add_argument("--minutes", type=float, default=25.0, help="training budget per arm")
   parser.add_argument("--target", type=float, default=0.9, help="held-out sampled pass@1")
-  parser.add_argument("--eval_seconds", type=float, default=90.0,
+  parser.add_argument("--eval_seconds", type=float, default=150.0,
                       help="training seconds between evaluations")
+  parser.add_argument("--eval_samples", type=int, default=8, help="samples per problem")
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="a config override of the pinned arm only (a sweep point: "
+                           "sync.every=4, buffer.m=0.5, sampler.num_prompts_per_batch=2)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", default="/tmp/tba_async_pinned")
   parser.add_argument("--tiny", action="store_true", help="the tiny random model (a test)")
@@ -404,13 +414,13 @@ def main(argv=None):
     raise SystemExit(f"needs two cores; this process may use {sorted(os.sched_getaffinity(0))}")
   spec = "configs/gsm8k.py:" + ("tiny" if args.tiny else "cpu")
   budget = args.minutes * 60
-  base = common_overrides(budget, args.eval_seconds, args.seed)
+  base = common_overrides(budget, args.eval_seconds, args.eval_samples, args.seed)
   recipe = load(spec, base)
   trained = recipe.buffer.num_prompts * recipe.buffer.samples_per_prompt
   results = {}
   for arm in args.arms.split(","):
     workdir = os.path.join(args.out, arm)
-    overrides = base + arm_overrides(arm, recipe)
+    overrides = base + arm_overrides(arm, recipe) + (args.set if arm == "pinned" else [])
     t0 = time.time()
     # Set-up, compilation, pre-fill and evaluations come on top of the budget.
     run_arm(arm, spec, overrides, cores, workdir, timeout_s=3 * budget + 1800,
