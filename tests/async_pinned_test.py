@@ -15,7 +15,8 @@ FIGURES = ("seconds_to_target", "updates_to_target", "start_accuracy", "best_acc
            "staleness_mean", "seconds_per_update", "update_seconds_median", "evals")
 
 
-# 38 s with the test cache warm, 114 s cold, on 2 cores shared at load ~5 (2026-12-06).
+# 38 s with the test cache warm, 114 s cold, on 2 cores shared at load ~5 (2026-12-06): slow.
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin to")
 def test_pinned_roles_run_on_their_own_cores_and_sync_on_both(tmp_path):
   cores = sorted(os.sched_getaffinity(0))[:2]
