@@ -66,8 +66,9 @@ def _adapted(module: nnx.Module, which: str, x, **outs) -> list:
 
 class Attention(nnx.Module):
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, own_weights: bool = False):
     d, n, k, h, dt = cfg.dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.jnp_dtype
+    self.own_weights = own_weights  # Block's
     self.q = param(rngs, (d, n, h), dt, fan_in=d)
     self.k = param(rngs, (d, k, h), dt, fan_in=d)
     self.v = param(rngs, (d, k, h), dt, fan_in=d)
@@ -89,7 +90,8 @@ class Attention(nnx.Module):
     [L,K,P,page,H] with their table, paged_kv.py) and this layer's index into them;
     inv_freq: this layer's rotary frequencies (None: no rope); `dropout` on the
     attention probabilities (site 0)."""
-    q, k, v = project(x, self.q[...], self.k[...], self.v[...])  # [B,T,N,H], [B,T,K,H] x 2
+    # [B,T,N,H], [B,T,K,H] x 2
+    q, k, v = project(x, self.q[...], self.k[...], self.v[...], concat=self.own_weights)
     q, k, v = _adapted(self, "attn", x, q=q, k=k, v=v)
     if self.cfg.qkv_bias:
       q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
@@ -131,8 +133,9 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
   """down(act(gate x) * up x) when gated (SwiGLU), else down(act(up x))."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, own_weights: bool = False):
     d, f, dt = cfg.dim, cfg.mlp_dim, cfg.jnp_dtype
+    self.own_weights = own_weights  # Block's
     if cfg.gated_mlp:
       self.gate = param(rngs, (d, f), dt, fan_in=d)
     self.up = param(rngs, (d, f), dt, fan_in=d)
@@ -148,7 +151,7 @@ class MLP(nnx.Module):
   def __call__(self, x):
     cfg, act = self.cfg, ACTIVATION_FNS[self.cfg.activation]
     if cfg.gated_mlp:
-      gate, up = project(x, self.gate[...], self.up[...])  # [B,T,F] x 2
+      gate, up = project(x, self.gate[...], self.up[...], concat=self.own_weights)  # [B,T,F] x 2
       gate, up = _adapted(self, "mlp", x, gate=gate, up=up)
       if cfg.bias:
         gate, up = gate + self.gate_bias[...], up + self.up_bias[...]
@@ -161,12 +164,17 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
+  """One layer. `own_weights`: its weights are arrays of their own (model.decode_layout),
+  not slices of the stacked layers. A one-token forward then multiplies by the concatenated
+  q/k/v and gate/up kernels too (layers.project): in a decode loop the concatenations
+  depend on nothing the loop changes, and XLA hoists them out of it (done once a call),
+  where a scanned layer would copy them every step."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, own_weights: bool = False):
     self.attn_norm = norm(cfg, rngs)
-    self.attn = Attention(cfg, rngs)
+    self.attn = Attention(cfg, rngs, own_weights)
     self.mlp_norm = norm(cfg, rngs)
-    self.mlp = MLP(cfg, rngs)
+    self.mlp = MLP(cfg, rngs, own_weights)
     if cfg.post_norms:  # Gemma: each branch's output normed before it joins the residual
       self.attn_post_norm, self.mlp_post_norm = norm(cfg, rngs), norm(cfg, rngs)
     self.parallel, self.post_norms = cfg.parallel_residual, cfg.post_norms

@@ -85,15 +85,18 @@ class Norm(nnx.Module):
     return (y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def project(x, *kernels):
+def project(x, *kernels, concat: bool = False):
   """x [B,T,D] times each kernel [D, ...] -> [B,T, ...] each.
 
   Over many tokens (training, prefill) one matmul against the concatenated
   kernels: the wider matmul runs ~10% faster on CPU for q/k/v and gate/up, and
   the weight copy is small next to the work. For one decode token the copy
-  would dominate, so separate matmuls. Same arithmetic either way.
+  would dominate, so separate matmuls, unless `concat` says the concatenation is
+  free (computed once outside a decode loop: blocks.Block's own_weights). Same
+  arithmetic either way (each output column is its own sum over D: equal bits on
+  XLA:CPU in float32 and bfloat16, tests/decode_ops_test.py).
   """
-  if x.shape[1] == 1:
+  if x.shape[1] == 1 and not concat:
     return [jnp.einsum("BTD,D...->BT...", x, w) for w in kernels]
   flat = [w.reshape(w.shape[0], -1) for w in kernels]
   out = jnp.einsum("BTD,DE->BTE", x, jnp.concatenate(flat, axis=1))

@@ -82,12 +82,15 @@ class Transformer(nnx.Module):
       self.lm_head = param(rngs, (cfg.dim, cfg.vocab_size), cfg.jnp_dtype, fan_in=cfg.dim)
 
   def __call__(self, tokens, positions, token_mask, cache: KVCache | None = None,
-               remat: bool = False, dropout: Dropout | None = None):
+               remat: bool = False, dropout: Dropout | None = None,
+               blocks: tuple[Block, ...] | None = None):
     """Hidden states [B,T,D] after the final norm, and the updated cache.
 
     tokens, positions [B,T] int; token_mask [B,T] (1 = real token). With a cache,
     the T tokens occupy slots [cache.index, cache.index + T). `dropout`: the
-    module docstring's (None: none, and no operation added).
+    module docstring's (None: none, and no operation added). `blocks`: the layers
+    one module each (decode_layout's), run one after another instead of self.layers'
+    scan.
     """
     t = tokens.shape[1]
     if cache is None:
@@ -128,10 +131,22 @@ class Transformer(nnx.Module):
       layer = nnx.remat(layer)
     kv = None if cache is None else (cache.k, cache.v, jnp.zeros((), jnp.int32), cache.page_table)
     keys = None if dropout is None else dropout.layer_keys(cfg.num_layers)
-    xs, in_axes = (self.layers, keys), (nnx.Carry, 0, 0)
-    if cfg.sliding_layers:
-      xs, in_axes = (*xs, _per_layer_attention(cfg)), (*in_axes, 0)
-    x, kv = nnx.scan(layer, in_axes=in_axes, out_axes=nnx.Carry)((x, kv), *xs)
+    per_layer = _per_layer_attention(cfg) if cfg.sliding_layers else None
+    if blocks is not None:
+      # Each layer's weights are arrays of their own, read in place by its matmuls; the
+      # scan's body would first copy its layer's slice out of every stacked weight.
+      for i, block in enumerate(blocks):
+        per = () if per_layer is None else (jax.tree.map(lambda a: a[i], per_layer),)
+        x, kv = layer((x, kv), block, None if keys is None else keys[i], *per)
+        # Each layer's output materialised, as the scan's carry is: otherwise XLA fuses
+        # across layers and skips roundings to bfloat16 (excess precision), and the
+        # decode layout's tokens would differ from the stacked forward's.
+        x = jax.lax.optimization_barrier(x)
+    else:
+      xs, in_axes = (self.layers, keys), (nnx.Carry, 0, 0)
+      if per_layer is not None:
+        xs, in_axes = (*xs, per_layer), (*in_axes, 0)
+      x, kv = nnx.scan(layer, in_axes=in_axes, out_axes=nnx.Carry)((x, kv), *xs)
     if cache is not None:
       cache = dataclasses.replace(cache, k=kv[0], v=kv[1], mask=kv_mask, index=index + t)
     return self.final_norm(x), cache
@@ -184,8 +199,35 @@ def _graphdef_and_shapes(cfg: ModelConfig | EncoderConfig):
 
 
 def bind(cfg: ModelConfig | EncoderConfig, params: Params):
-  """The module for `params` (call inside jitted functions)."""
+  """The module for `params` (call inside jitted functions). With decode_layout's params
+  its stacked layers are placeholders (shapes only): `forward` runs their blocks."""
+  if isinstance(params.get("layers"), tuple):
+    params = {**params, "layers": param_shapes(cfg)["layers"]}
   return nnx.merge(_graphdef_and_shapes(cfg)[0], params)
+
+
+@functools.lru_cache(maxsize=None)
+def _block_graphdef(cfg: ModelConfig):
+  return nnx.split(nnx.eval_shape(lambda: Block(cfg, nnx.Rngs(0), own_weights=True)))[0]
+
+
+def decode_layout(params: Params) -> Params:
+  """The searcher's decode layout of a decoder's `params`: the same tree but for the stacked
+  layers [L, ...], split into a tuple of L per-layer trees (a copy of the layer weights).
+
+  A decode step reads every weight once for one token a row, so how it reads them is its
+  cost: the layer scan's body first copies its layer's slice out of each stacked weight
+  (XLA:CPU always, XLA:GPU before Triton gemms: 243 of a step's 680 kernels on an H200),
+  while a layer's own arrays are read in place. `forward` runs these layers one after
+  another (one compiled body per layer: for the one-token decode step only, where the
+  scan's compile-time saving matters least). The trainer's params, checkpoints and
+  sharding rules keep the stacked layout; the decode programs build this once per call,
+  outside their loops. Same arithmetic, same results.
+  """
+  layers = params["layers"]
+  num_layers = jax.tree.leaves(layers)[0].shape[0]
+  return {**params, "layers": tuple(jax.tree.map(lambda x, i=i: x[i], layers)
+                                    for i in range(num_layers))}
 
 
 def param_shapes(cfg: ModelConfig | EncoderConfig) -> Params:
@@ -210,8 +252,12 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
 
 def forward(cfg: ModelConfig, params: Params, tokens, positions, token_mask,
             cache: KVCache | None = None, remat: bool = False, dropout: Dropout | None = None):
-  """(hidden [B,T,D], cache) — the shared training/decoding forward."""
-  return bind(cfg, params)(tokens, positions, token_mask, cache, remat, dropout)
+  """(hidden [B,T,D], cache) — the shared training/decoding forward (`params` stacked, or
+  in decode_layout)."""
+  blocks = None
+  if isinstance(params["layers"], tuple):
+    blocks = tuple(nnx.merge(_block_graphdef(cfg), p) for p in params["layers"])
+  return bind(cfg, params)(tokens, positions, token_mask, cache, remat, dropout, blocks)
 
 
 def unembed(cfg: ModelConfig, params: Params, hidden) -> jax.Array:

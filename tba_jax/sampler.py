@@ -309,10 +309,11 @@ def _prefill_program(params, batch: PrefillBatch, key, temperature, *, model_con
 
 
 # The state (with its KV cache, the largest buffer) is donated: the loop
-# updates it in place instead of holding a second copy.
+# updates it in place instead of holding a second copy. The layers are unstacked once a
+# call, outside the loop, so that no step copies weight slices (model.decode_layout).
 @functools.partial(jax.jit, static_argnames=("model_config", "options"), donate_argnames=("state",))
 def _decode_program(params, state, *, model_config, options):
-  return decode(model_logits_fn(model_config), params, state, options)
+  return decode(model_logits_fn(model_config), model_lib.decode_layout(params), state, options)
 
 
 class Sampler:

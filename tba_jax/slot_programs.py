@@ -301,8 +301,10 @@ def insert_program(state, prefilled, logits, key, rows, *, options, rules):
 @functools.partial(jax.jit, static_argnames=("model_config", "options", "rules", "window"),
                    donate_argnames=("state",))
 def decode_program(params, state, max_steps, min_free, *, model_config, options, rules, window):
-  return decode_chunk(sampler_lib.model_logits_fn(model_config), params, state, max_steps,
-                      min_free, window, options, rules)
+  # The layers unstacked once a chunk, outside its loop: no step copies weight slices
+  # (model.decode_layout).
+  return decode_chunk(sampler_lib.model_logits_fn(model_config), model_lib.decode_layout(params),
+                      state, max_steps, min_free, window, options, rules)
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "options", "rules"),
