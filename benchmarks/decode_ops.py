@@ -6,15 +6,14 @@
 On an H200 a decode step of RhoMath-1B's shape ran 680 kernels, 243 of them copies of
 weight slices out of the stacked layer arrays (LAB_LOG.md, "One H200 again"). This
 compiles the same decode loops on the CPU from abstract shapes (jax.ShapeDtypeStruct:
-the 1B shape needs no memory) and counts the optimized HLO: in one decode step (the body
-of the decode while loop, the layer scan's while counted as one instruction) and in one
-layer (the body of the layer scan's while loop, nested in it), the instructions, fusions,
-copies, dots and dynamic slices, and the weight-slice copies: an instruction whose
-result has the shape of one layer's weight (a dynamic slice or copy of a stacked
-weight; a fusion counts by its root). Counting the HLO rather than a device profile is
-per-backend (XLA:CPU fuses differently from XLA:GPU), but a copy of a weight slice in
-the CPU's program is one in the GPU's, and fewer instructions per layer are fewer
-kernels on either.
+the 1B shape needs no memory) and counts the optimized HLO that one decode step runs (the
+decode while loop's body, a layer scan's body counted once a layer) and one layer's share
+of it (the step's counts less those of the same model with 2 layers, over the layers
+between: the same measure whether the layers are scanned or unrolled): instructions,
+fusions, copies, dots, dynamic slices, and the weight-slice copies: an instruction with
+the size of one layer's weight that slices (or copies) it. XLA:CPU fuses differently from
+XLA:GPU, but a copy of a weight slice in the CPU's program is one in the GPU's, and fewer
+instructions per layer are fewer kernels on either.
 
 Two decode loops: the static sampler's (sampler._decode_program: one index for all rows)
 and the slot pool's (slot_programs.decode_program: one cache slot per row).

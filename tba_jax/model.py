@@ -222,7 +222,9 @@ def decode_layout(params: Params) -> Params:
   another (one compiled body per layer: for the one-token decode step only, where the
   scan's compile-time saving matters least). The trainer's params, checkpoints and
   sharding rules keep the stacked layout; the decode programs build this once per call,
-  outside their loops. Same arithmetic, same results.
+  outside their loops. Same arithmetic: the same bits on XLA:CPU in float32 and bfloat16
+  (tests/decode_ops_test.py), but for q/k/v biases in float32, whose decode log-probs
+  moved by round-off (1.7e-6 in a 3-layer test model; tokens the same).
   """
   layers = params["layers"]
   num_layers = jax.tree.leaves(layers)[0].shape[0]
