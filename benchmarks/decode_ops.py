@@ -15,7 +15,7 @@ the size of one layer's weight that slices (or copies) it. XLA:CPU fuses differe
 XLA:GPU, but a copy of a weight slice in the CPU's program is one in the GPU's, and fewer
 instructions per layer are fewer kernels on either.
 
-Two decode loops: the static sampler's (sampler._decode_program: one index for all rows)
+Two decode loops: the static sampler's (sampler.decode_program: one index for all rows)
 and the slot pool's (slot_programs.decode_program: one cache slot per row).
 """
 from __future__ import annotations
@@ -162,11 +162,11 @@ def compiled_decode_programs(cfg, batch: int, prompt_len: int, new_tokens: int) 
   prefill_batch = sampler.PrefillBatch(sds((batch, prompt_len), jnp.int32),
                                        sds((batch, prompt_len), jnp.int32),
                                        sds((batch,), jnp.int32), sds((batch,), bool))
-  state = jax.eval_shape(functools.partial(sampler._prefill_program, model_config=cfg,
+  state = jax.eval_shape(functools.partial(sampler.prefill_program, model_config=cfg,
                                            options=options, mesh=mesh),
                          params, prefill_batch, jax.eval_shape(lambda: jax.random.key(0)),
                          sds((), jnp.float32))
-  static = sampler._decode_program.lower(params, state, model_config=cfg, options=options)
+  static = sampler.decode_program.lower(params, state, model_config=cfg, options=options)
   pool_state = jax.eval_shape(functools.partial(
       slot_programs.empty_pool, model_config=cfg, options=options, mesh=mesh, num_slots=batch,
       cache_size=prompt_len + new_tokens), jax.eval_shape(lambda: jax.random.key(0)))

@@ -287,8 +287,10 @@ def model_logits_fn(model_config: ModelConfig) -> LogitsFn:
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "options", "mesh"))
-def _prefill_program(params, batch: PrefillBatch, key, temperature, *, model_config, options,
-                     mesh):
+def prefill_program(params, batch: PrefillBatch, key, temperature, *, model_config, options,
+                    mesh):
+  """The prompts prefilled and the first tokens sampled: a `DecodeState` whose cache has a
+  slot for every token still to be sampled."""
   u, t = batch.tokens.shape
   kv_sharding = sharding.cache_sharding(model_config, mesh)
   mask_sharding = sharding.batch_sharding("searcher", mesh)
@@ -312,7 +314,9 @@ def _prefill_program(params, batch: PrefillBatch, key, temperature, *, model_con
 # updates it in place instead of holding a second copy. The layers are unstacked once a
 # call, outside the loop, so that no step copies weight slices (model.decode_layout).
 @functools.partial(jax.jit, static_argnames=("model_config", "options"), donate_argnames=("state",))
-def _decode_program(params, state, *, model_config, options):
+def decode_program(params, state, *, model_config, options):
+  """Decodes `state` to `options.max_new_tokens`: the static sampler's loop, one index for
+  all rows."""
   return decode(model_logits_fn(model_config), model_lib.decode_layout(params), state, options)
 
 
@@ -373,10 +377,10 @@ class Sampler:
     batch = PrefillBatch(rows(tokens), rows(mask), rows(np.arange(b, dtype=np.int32)),
                          rows(row_valid), None if source is None else rows(source))
     replicated = lambda x: jax.device_put(x, sharding.replicated(self.mesh))
-    state = _prefill_program(params, batch, replicated(rng_key),
+    state = prefill_program(params, batch, replicated(rng_key),
                              replicated(np.float32(temperature)), model_config=self.model_config,
                              options=self.options, mesh=self.mesh)
-    state = _decode_program(params, state, model_config=self.model_config, options=self.options)
+    state = decode_program(params, state, model_config=self.model_config, options=self.options)
     # The one host sync of a call: fetch the outputs, drop the padding rows.
     out = jax.device_get((state.tokens, state.logprobs, state.tempered_logprobs, state.lengths,
                           state.step))
