@@ -29,6 +29,8 @@ HOST_MEMORY = f"{LOG} 'Host memory, shared prefills and paced searchers' (Xeon, 
 ASYNC = f"{LOG} 'Asynchronous TBA vs synchronous on-policy training' (2-core CPU, 2026-11-30)"
 PACED = f"{LOG} 'Paced searchers with the decaying lr' (EPYC, 2026-12-04)"
 H200_AGAIN = f"{LOG} 'One H200 again, 2026-12-04 afternoon'"
+PINNED = f"{LOG} 'Each role on its own core against synchronous training' (EPYC, 2026-12-06)"
+PINNED_RUN = "async_pinned_10min_epyc.json"
 TOLERANCE = 0.15
 
 # ----- Per-role costs, each with where it came from ------------------------------------------
@@ -58,6 +60,19 @@ def async_speedup_costs(update_s: float, idle: float, rows: int) -> Costs:
                ("sync", "measured: benchmarks.weight_sync, 135M float32")))
 
 
+def epyc_costs(cores: str, update_s: float, sample_s: float, reference_s: float,
+               sync_s: float, sync_source: str) -> Costs:
+  """The same recipe's costs measured on the EPYC of 2026-12-06 on `cores` (taskset)."""
+  return Costs(
+      search_batch_s=sample_s + reference_s + reference_s / 4, update_s=update_s, sync_s=sync_s,
+      sources=(("update", f"measured: benchmarks.train_step --keep_freed_memory on {cores}, "
+                f"{PINNED}"),
+               ("search", f"measured: benchmarks.searcher_batch on {cores}, {sample_s} s sampling "
+                f"+ {reference_s} s scoring, {PINNED}; predicted: + {reference_s} / 4 s for the "
+                "check"),
+               ("sync", sync_source)))
+
+
 def h200_costs() -> Costs:
   """gpu.sh's short run: 140 rows of 32 + 256 tokens, 7 x 24 rows searched a batch."""
   role = pipeline_costs.role_model("rho-1b", "H200")
@@ -67,6 +82,14 @@ def h200_costs() -> Costs:
 
 
 # ----- What the runs measured ---------------------------------------------------------------
+def pinned_seconds_per_update(arm: str) -> float:
+  """Training-clock seconds per update of a benchmarks.async_pinned arm, from its second
+  evaluation to its last (compilation, pre-fill and the first updates left out)."""
+  with open(os.path.join(RESULTS, PINNED_RUN)) as f:
+    evals = json.load(f)[arm]["evals"]
+  return (evals[-1]["seconds"] - evals[1]["seconds"]) / (evals[-1]["updates"] - evals[1]["updates"])
+
+
 def curve_seconds_per_update(name: str) -> float:
   """Training-clock seconds per update over the last three quarters of a run's curve
   (benchmarks/results/NAME: trl_grpo's [seconds, updates, ...] rows, evaluations off)."""
