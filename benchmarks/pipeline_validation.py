@@ -31,6 +31,9 @@ PACED = f"{LOG} 'Paced searchers with the decaying lr' (EPYC, 2026-12-04)"
 H200_AGAIN = f"{LOG} 'One H200 again, 2026-12-04 afternoon'"
 PINNED = f"{LOG} 'Each role on its own core against synchronous training' (EPYC, 2026-12-06)"
 PINNED_RUN = "async_pinned_10min_epyc.json"
+# The `cpu` recipe's update and searcher batch on the EPYC of 2026-12-06, alone, on both cores
+# (benchmarks.train_step --keep_freed_memory; benchmarks.searcher_batch: sampling, scoring).
+EPYC_2CORE_UPDATE_S, EPYC_2CORE_SAMPLE_S, EPYC_2CORE_REFERENCE_S = 9.24, 3.74, 2.48
 TOLERANCE = 0.15
 
 # ----- Per-role costs, each with where it came from ------------------------------------------
