@@ -31,9 +31,6 @@ PACED = f"{LOG} 'Paced searchers with the decaying lr' (EPYC, 2026-12-04)"
 H200_AGAIN = f"{LOG} 'One H200 again, 2026-12-04 afternoon'"
 PINNED = f"{LOG} 'Each role on its own core against synchronous training' (EPYC, 2026-12-06)"
 PINNED_RUN = "async_pinned_10min_epyc.json"
-# The `cpu` recipe's update and searcher batch on the EPYC of 2026-12-06, alone, on both cores
-# (benchmarks.train_step --keep_freed_memory; benchmarks.searcher_batch: sampling, scoring).
-EPYC_2CORE_UPDATE_S, EPYC_2CORE_SAMPLE_S, EPYC_2CORE_REFERENCE_S = 9.24, 3.74, 2.48
 TOLERANCE = 0.15
 
 # ----- Per-role costs, each with where it came from ------------------------------------------
@@ -65,7 +62,9 @@ def async_speedup_costs(update_s: float, idle: float, rows: int) -> Costs:
 
 def epyc_costs(cores: str, update_s: float, sample_s: float, reference_s: float,
                sync_s: float, sync_source: str) -> Costs:
-  """The same recipe's costs measured on the EPYC of 2026-12-06 on `cores` (taskset)."""
+  """The `cpu` recipe's costs measured on the EPYC of 2026-12-06, alone, on `cores`
+  (taskset): the update (benchmarks.train_step), the searcher batch's sampling and scoring
+  (benchmarks.searcher_batch)."""
   return Costs(
       search_batch_s=sample_s + reference_s + reference_s / 4, update_s=update_s, sync_s=sync_s,
       sources=(("update", f"measured: benchmarks.train_step --keep_freed_memory on {cores}, "
@@ -166,8 +165,7 @@ def cases() -> list[Case]:
            in_sample="the sync's seconds are this run's"),
       Case("epyc cpu recipe, synchronous on both cores (alternate, k=1, m=1, S=K)", ALTERNATE,
            RunConfig(4, 8, 8, 4, 1, 1.0, 32, max_per_prompt=8, num_train_prompts=64),
-           epyc_costs("both cores", EPYC_2CORE_UPDATE_S, EPYC_2CORE_SAMPLE_S,
-                      EPYC_2CORE_REFERENCE_S, 0.169,
+           epyc_costs("both cores", 9.24, 3.74, 2.48, 0.169,
                       "measured: benchmarks.weight_sync, 135M float32, 2-core CPU 2026-11-30"),
            "seconds_per_update", pinned_seconds_per_update("sync"), 0.0,
            f"training clock per update from its second evaluation to its last, {PINNED}"),
