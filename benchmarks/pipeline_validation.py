@@ -30,7 +30,7 @@ ASYNC = f"{LOG} 'Asynchronous TBA vs synchronous on-policy training' (2-core CPU
 PACED = f"{LOG} 'Paced searchers with the decaying lr' (EPYC, 2026-12-04)"
 H200_AGAIN = f"{LOG} 'One H200 again, 2026-12-04 afternoon'"
 PINNED = f"{LOG} 'Each role on its own core against synchronous training' (EPYC, 2026-12-06)"
-PINNED_RUN = "async_pinned_10min_epyc.json"
+PINNED_K4 = f"{LOG} 'The pinned arm at k = 4: predicted before it ran' (EPYC, 2026-12-06)"
 TOLERANCE = 0.15
 
 # ----- Per-role costs, each with where it came from ------------------------------------------
@@ -84,10 +84,11 @@ def h200_costs() -> Costs:
 
 
 # ----- What the runs measured ---------------------------------------------------------------
-def pinned_seconds_per_update(arm: str) -> float:
-  """Training-clock seconds per update of a benchmarks.async_pinned arm, from its second
-  evaluation to its last (compilation, pre-fill and the first updates left out)."""
-  with open(os.path.join(RESULTS, PINNED_RUN)) as f:
+def pinned_seconds_per_update(arm: str, name: str = "async_pinned_10min_epyc.json") -> float:
+  """Training-clock seconds per update of a benchmarks.async_pinned arm (benchmarks/results/
+  NAME), from its second evaluation to its last (compilation, pre-fill and the first updates
+  left out)."""
+  with open(os.path.join(RESULTS, name)) as f:
     evals = json.load(f)[arm]["evals"]
   return (evals[-1]["seconds"] - evals[1]["seconds"]) / (evals[-1]["updates"] - evals[1]["updates"])
 
@@ -115,8 +116,8 @@ class Case:
   num_updates: int = 60
 
 
-def _cpu_recipe(paced: bool, prompts: int = 96) -> RunConfig:
-  return RunConfig(4, 8, 8, 4, 2, 0.95, 32, paced=paced, num_train_prompts=prompts)
+def _cpu_recipe(paced: bool, prompts: int = 96, sync_every: int = 2) -> RunConfig:
+  return RunConfig(4, 8, 8, 4, sync_every, 0.95, 32, paced=paced, num_train_prompts=prompts)
 
 
 SHARED = Layout(num_searchers=1, shared=True)
@@ -163,6 +164,13 @@ def cases() -> list[Case]:
            "seconds_per_update", pinned_seconds_per_update("pinned"), 3.52,
            f"training clock per update from its second evaluation to its last, {PINNED}",
            in_sample="the sync's seconds are this run's"),
+      Case("the same at k=4 (predicted before it ran)", Layout(num_searchers=1),
+           _cpu_recipe(False, prompts=64, sync_every=4),
+           epyc_costs("one core each", 12.65, 6.19, 4.16, 3.63,
+                      "measured: the k=2 run's mean weight broadcast + merge"),
+           "seconds_per_update", pinned_seconds_per_update("pinned", "async_pinned_k4_10min_epyc.json"),
+           6.58,
+           f"training clock per update from its second evaluation to its last, {PINNED_K4}"),
       Case("epyc cpu recipe, synchronous on both cores (alternate, k=1, m=1, S=K)", ALTERNATE,
            RunConfig(4, 8, 8, 4, 1, 1.0, 32, max_per_prompt=8, num_train_prompts=64),
            epyc_costs("both cores", 9.24, 3.74, 2.48, 0.169,
