@@ -378,8 +378,8 @@ class Sampler:
                          rows(row_valid), None if source is None else rows(source))
     replicated = lambda x: jax.device_put(x, sharding.replicated(self.mesh))
     state = prefill_program(params, batch, replicated(rng_key),
-                             replicated(np.float32(temperature)), model_config=self.model_config,
-                             options=self.options, mesh=self.mesh)
+                            replicated(np.float32(temperature)), model_config=self.model_config,
+                            options=self.options, mesh=self.mesh)
     state = decode_program(params, state, model_config=self.model_config, options=self.options)
     # The one host sync of a call: fetch the outputs, drop the padding rows.
     out = jax.device_get((state.tokens, state.logprobs, state.tempered_logprobs, state.lengths,
