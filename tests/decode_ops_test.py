@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks import decode_ops
+from conftest import USER_LEVEL
 from tba_jax import model
 from tba_jax.kv_cache import KVCache
 from tba_jax.layers import project
@@ -46,7 +47,8 @@ def test_the_decode_layout_forward_has_the_stacked_forwards_bits(dtype):
   cfg = ModelConfig(**dict(decode_ops.TINY, dtype=dtype))
   params = model.init_params(cfg, 1)
   cache = KVCache.init(cfg, 4, 16)
-  fwd = jax.jit(lambda p, t, c: model.forward(cfg, p, t, t * 0 + 3, jnp.ones_like(t), c))
+  fwd = jax.jit(lambda p, t, c: model.forward(cfg, p, t, t * 0 + 3, jnp.ones_like(t), c),
+                compiler_options=USER_LEVEL)  # the bits users get
   prompt = jnp.arange(12).reshape(4, 3) + 3
   _, cache = fwd(params, prompt, cache)  # prefill, stacked
   token = jnp.arange(4)[:, None] + 7
@@ -62,7 +64,8 @@ def test_one_matmul_over_concatenated_kernels_has_the_separate_matmuls_bits(dtyp
   x = jnp.asarray(rng.normal(size=(8, 1, 256)), dtype)
   kernels = [jnp.asarray(rng.normal(size=s) / 16, dtype) for s in [(256, 8, 32), (256, 2, 32),
                                                                     (256, 2, 32)]]
-  separate = jax.jit(lambda x, *k: project(x, *k))(x, *kernels)
-  fused = jax.jit(lambda x, *k: project(x, *k, concat=True))(x, *kernels)
+  separate = jax.jit(lambda x, *k: project(x, *k), compiler_options=USER_LEVEL)(x, *kernels)
+  fused = jax.jit(lambda x, *k: project(x, *k, concat=True),
+                  compiler_options=USER_LEVEL)(x, *kernels)
   for a, b in zip(separate, fused):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))

@@ -1,5 +1,6 @@
 """The optimizer: torch's AdamW arithmetic on bfloat16 tensors, the lr schedules of the
 1-based update u."""
+import functools
 import warnings
 
 import jax
@@ -7,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import USER_LEVEL
 from tba_jax import optim
 
 
@@ -29,7 +31,7 @@ def test_rounded_adamw_is_torch_adamw_on_bfloat16_tensors_bit_for_bit(foreach):
   ours = [jnp.asarray(x, jnp.bfloat16) for x in start]
   state = optimizer.init(ours)
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=USER_LEVEL)  # users' bits
   def step(ours, state, g):
     g = [jnp.asarray(x, jnp.bfloat16).astype(jnp.float32) for x in g]  # bf16 gradients
     updates, state = optimizer.update(g, state, [p.astype(jnp.float32) for p in ours])
