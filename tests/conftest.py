@@ -2,9 +2,9 @@
 import os
 
 # The tests' programs are compiled without LLVM's optimisation passes (the flag below, unless
-# XLA_FLAGS sets a level): their shapes are tiny, so compiling is most of their time; on a
-# 2-core AVX2 EPYC the default suite took 20.5 min at XLA's default level, 13.3 at 0
-# (2026-12-06). Results can differ in the last bit (at 0, one of 2,048 bfloat16 AdamW moments
+# XLA_FLAGS sets a level; the runs the tests launch inherit it): their shapes are tiny, so
+# compiling is most of their time; on a 2-core AVX2 EPYC the default suite took 20.5 min at
+# XLA's default level, 13.2-18.1 at 0 over three runs (2026-12-06, LAB_LOG). Results can differ in the last bit (at 0, one of 2,048 bfloat16 AdamW moments
 # in optim_test's comparison with torch), so a test that compares bits with a peer compiles
 # at the level users run at (USER_LEVEL).
 _flags = os.environ.get("XLA_FLAGS", "")
