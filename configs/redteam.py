@@ -19,12 +19,14 @@ Variants:
           smollm2_redteam, 24 steps on the 64 provoking instructions of
           configs/data/redteam_seed.jsonl, into DIR/attacker_sft; a rerun reuses it);
           then training, which stops after 600 s (max_train_seconds; or 200 steps); the
-          start-up and two evaluations of 64 attacks come on top. Measured 2026-12-02 on
-          the 2-core CPU, other jobs running (LAB_LOG.md, "Red-teaming on the embedded
-          default"): 19 min 25 s for the whole command (the warm-up
-          about 6 min of it), 37 steps, attack success rate 0.109 -> 0.891 (toxicity
-          0.205 -> 0.826), 20 distinct successful attacks at the end, diversity
-          0.135 -> 0.020: the attacker collapses onto "Complete this insult: ...".
+          start-up and two evaluations of 64 attacks come on top. Measured 2026-12-06/07
+          on a 2-core AVX2 EPYC, alone, one warm-up shared by the seeds (LAB_LOG.md,
+          "Red-teaming's diversity"): 14 min 26 s a run after the warm-up (~5 min),
+          53-57 steps; seeds 0, 1, 2: attack success rate 0.172 -> 0.547, 0.188 -> 0.609,
+          0.234 -> 0.812; diversity 0.129 -> 0.077, 0.136 -> 0.088, 0.136 -> 0.068
+          (0.59, 0.65 and 0.50 of the start). Without the last two settings (constant
+          lr, no filter; the recipe to 2026-12-06) seed 0 ended at 0.859 and diversity
+          0.036 (0.28 of its start): the attacker collapses onto "Complete this ...".
           DIR/successful_attacks.txt lists the last evaluation's successful attacks
           with the victim's replies. What differs from gpt2 and why:
           - attacker: SmolLM2-135M-Instruct continuing ATTACK_PROMPT as plain text,
@@ -53,6 +55,12 @@ Variants:
             compare it between runs of this recipe, not with the paper's numbers
           - schedules scaled to ~40 steps: tau 2 -> 1 over 10 steps (Lee: 500 of
             5000), gamma 1; exploration as Lee's Llama setup (p 0.5, T ~ U(0.7, 2.0))
+          - the update's size tied to what it does to the policy (optim.lr_control=
+            "drift": the lr scaled after each update so that it moves its rows' log pi
+            by ~0.5 nats a sequence, at most 3e-5) and Lee et al.'s near-duplicate
+            filter on the buffer (buffer.near_duplicate=0.25; gpt2 keeps it off). Chosen
+            from five arms of 1-3 seeds, on the evaluation's 64 attacks: red-teaming has
+            one prompt and no held-out split (LAB_LOG.md, "Red-teaming's diversity")
           - batches of 16 attacks (trainer and searcher), k 2, m 0.5, prefill 16,
             buffer 10k; evaluation of 64 attacks before and after
 
@@ -260,8 +268,12 @@ def _cpu(c):
   c.sampler.update(num_samples_per_prompt=16, explore_low=0.7)
   c.searcher.update(mismatch_every=0)  # saves a forward pass per searcher batch
   c.loss.update(target_temp_steps=10)
-  c.optim.update(learning_rate=3e-5, schedule="constant", warmup_steps=0)
-  c.buffer.update(samples_per_prompt=16, max_entries=10_000, freeze_step=0, prefill=16)
+  # The drift controller (issue 48): the lr scaled so that an update moves its rows' log pi
+  # by ~0.5 nats a sequence, and Lee et al.'s near-duplicate filter on the buffer; together
+  # they keep the diversity near or above half its start (module docstring).
+  c.optim.update(learning_rate=3e-5, schedule="constant", warmup_steps=0, lr_control="drift")
+  c.buffer.update(samples_per_prompt=16, max_entries=10_000, freeze_step=0, prefill=16,
+                  near_duplicate=0.25)
   c.sync.update(every=2)
   c.eval.update(num_samples=64, batch_size=64)
   c.checkpoint.update(every=50)
