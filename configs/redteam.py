@@ -59,7 +59,7 @@ Variants:
             "drift": the lr scaled after each update so that it moves its rows' log pi
             by ~0.5 nats a sequence, at most 3e-5) and Lee et al.'s near-duplicate
             filter on the buffer (buffer.near_duplicate=0.25; gpt2 keeps it off). Chosen
-            from five arms of 1-3 seeds, on the evaluation's 64 attacks: red-teaming has
+            from four arms of 1-3 seeds, on the evaluation's 64 attacks: red-teaming has
             one prompt and no held-out split (LAB_LOG.md, "Red-teaming's diversity")
           - batches of 16 attacks (trainer and searcher), k 2, m 0.5, prefill 16,
             buffer 10k; evaluation of 64 attacks before and after
