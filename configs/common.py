@@ -191,6 +191,14 @@ def base() -> ml_collections.ConfigDict:
       drift_target=key(0.5, "> 0"),  # nats per sequence per update
       drift_gain=key(0.5, "(0, 1]"),  # each update: scale *= (target / measured) ** gain
       lr_min=key(1e-7, "> 0"),  # the floor of the controlled lr (<= learning_rate)
+      # saturation decay (tba_jax/optim.py, SaturationDecay), with any lr_control: the step is
+      # also multiplied by a factor, cut by saturation_factor each time the trained batches'
+      # reward mean, averaged with weight saturation_smoothing on the past, has gone this
+      # many updates without rising saturation_min_gain (reward units) above its best. 0: off
+      saturation_patience=key(0, ">= 0"),
+      saturation_factor=key(0.5, "(0, 1)"),
+      saturation_smoothing=key(0.9, "[0, 1)"),
+      saturation_min_gain=key(0.01, ">= 0"),
   )
   c.buffer = dict(
       num_prompts=key(7, ">= 1"),  # B prompts per training batch

@@ -420,3 +420,12 @@ LR_CONTROLS = choices.fill(choices.LR_CONTROLS, {
     "drift": lambda o: optim.DriftControl(o.drift_target, o.lr_min / o.learning_rate,
                                           o.drift_gain),
 })
+
+
+def saturation_decay(o) -> optim.SaturationDecay | None:
+  """optim.saturation_patience > 0: the lr cut when the reward stops rising; else None."""
+  if not o.saturation_patience:
+    return None
+  return optim.SaturationDecay(o.saturation_patience, o.saturation_factor,
+                               o.saturation_smoothing, o.saturation_min_gain,
+                               o.lr_min / o.learning_rate)

@@ -172,9 +172,14 @@ def _problems(config) -> Iterable[str]:
       yield f"{tb_only}={get(tb_only)!r}: only with loss.name='tb' (not {get('loss.name')!r})"
   yield from _behaviour_logprob_problems(get)
   lr_min, lr = get("optim.lr_min"), get("optim.learning_rate")
-  if get("optim.lr_control") != "none" and not 0 < lr_min <= lr:
+  controls = []
+  if get("optim.lr_control") != "none":
+    controls.append(f"optim.lr_control={get('optim.lr_control')!r}")
+  if get("optim.saturation_patience"):
+    controls.append(f"optim.saturation_patience={get('optim.saturation_patience')!r}")
+  if controls and not 0 < lr_min <= lr:
     yield (f"optim.lr_min={lr_min!r}: must be in (0, optim.learning_rate={lr!r}] with "
-           f"optim.lr_control={get('optim.lr_control')!r} (the controlled lr moves between them)")
+           f"{' and '.join(controls)} (the controlled lr moves between them)")
   if get("task.name") == "redteam":
     yield from _redteam_problems(config)
   if get("model.path") == "random" and not get("model.tokenizer"):

@@ -282,9 +282,11 @@ def build_trainer(c, model_cfg: ModelConfig, params, base, task: Task, trainer_m
                                    moments_dtype=o.moments_dtype)
   log_z = build.learned_log_z(c.loss, task)
   control = build.LR_CONTROLS[o.lr_control](o)  # None, or a DriftControl
+  saturation = build.saturation_decay(o)  # None, or a SaturationDecay
   state = train_step.init_state(
       params, optimizer,
-      train_step.state_shardings(model_cfg, optimizer, trainer_mesh, log_z, control), log_z)
+      train_step.state_shardings(model_cfg, optimizer, trainer_mesh, log_z, control, saturation),
+      log_z)
   beta = build.beta_schedule(c.loss)
   objective = train_step.Objective(build.loss_fn(c.loss), beta, c.sampler.temperature,
                                    build.ref_weight_schedule(c.loss))
@@ -292,7 +294,8 @@ def build_trainer(c, model_cfg: ModelConfig, params, base, task: Task, trainer_m
       dtype=c.model.dtype, num_microbatches=o.num_microbatches, remat=c.model.remat,
       prompt_group=c.buffer.samples_per_prompt, dropout=c.model.dropout, dropout_seed=c.seed)
   train = train_step.make_update(model_cfg, optimizer, objective, trainer_mesh, forward=forward,
-                                 lr_schedule=lr, learned_log_z=log_z, drift_control=control)
+                                 lr_schedule=lr, learned_log_z=log_z, drift_control=control,
+                                 saturation=saturation)
   # LoRA: every update also reads the frozen base (never donated, never rebound).
   update = (lambda state, batch: train(state, batch, base)) if base else train
   return state, update, beta, lr

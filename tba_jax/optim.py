@@ -1,7 +1,8 @@
 """The trainer's optimizer: AdamW (optax's, or torch's arithmetic rounded to bfloat16)
 with optional gradient-norm clipping, the learning-rate schedules it is built with, the
-lr control that scales its step by what the step does (`DriftControl`), and the weight
-update's rounding: how big a step is and how it lands (train_step.py takes it).
+lr controls that scale its step by what the step does (`DriftControl`) or by whether the
+reward still rises (`SaturationDecay`), and the weight update's rounding: how big a step is
+and how it lands (train_step.py takes it).
 
 Schedules are functions of the 1-based update index u, as the beta schedules: the
 authors step their scheduler before each update (tba_trainer_gsm8k.py L665), so update
@@ -29,6 +30,12 @@ step is linear in the lr, so this IS an lr of lr(u) * scale). It composes with a
 schedule: the intended pairing is a constant lr (the peak) with the controller supplying
 the decay when, and as far as, the policy becomes easy to move (e.g. after its entropy
 collapses), whatever the task's horizon.
+
+Saturation decay (`SaturationDecay`, config optim.saturation_patience > 0): a second factor
+on the step, cut by `factor` each time the trained batches' smoothed reward has gone
+`patience` updates without a new best. It composes with either of the above (the step is
+lr(u) x the drift scale x this factor). The drift scale measures the step it took, so where
+it sits below 1 it rises to make up part of a cut; at 1 (its ceiling) the cut is whole.
 """
 from __future__ import annotations
 
@@ -180,3 +187,41 @@ class DriftControl:
     """The scale of the next update, after one at `scale` moved the policy by `drift`."""
     new = scale * (self.target / jnp.maximum(drift, 1e-12)) ** self.gain  # inf: clipped to 1
     return jnp.clip(jnp.where(jnp.isfinite(drift), new, self.min_scale), self.min_scale, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class SaturationDecay:
+  """An lr factor that falls when the trained batches' reward stops rising (module doc).
+
+  Its signal is each update's batch reward mean (free: the batch carries its rewards),
+  smoothed by an exponential average with weight `smoothing` on the past (the first update's
+  mean starts it). When the average has not risen more than `min_gain` above its best for
+  `patience` updates, the factor is multiplied by `factor`, and the count starts again; it
+  never falls below `min_scale`. A decay that waits for saturation, not for a horizon: a
+  task whose reward keeps rising keeps its lr. Its state is float32 [4] (STATE_FIELDS); a
+  non-finite reward leaves it unchanged.
+  """
+  patience: int     # updates without a new best before each cut (optim.saturation_patience)
+  factor: float     # in (0, 1): each cut multiplies the lr by it (optim.saturation_factor)
+  smoothing: float  # in [0, 1): the average's weight on its past (optim.saturation_smoothing)
+  min_gain: float   # reward units: a rise that counts as a new best (saturation_min_gain)
+  min_scale: float  # in (0, 1]: optim.lr_min / optim.learning_rate
+
+  STATE_FIELDS = ("reward_average", "best", "since_best", "factor")
+
+  @staticmethod
+  def init() -> jax.Array:
+    """The state before the first update: no average yet, no best, the factor 1."""
+    return jnp.array([0.0, -jnp.inf, 0.0, 1.0], jnp.float32)
+
+  def next_state(self, state: jax.Array, reward: jax.Array, first: jax.Array) -> jax.Array:
+    """The state after an update whose batch had mean reward `reward` (`first`: update 1)."""
+    average, best, since, factor = state[0], state[1], state[2], state[3]
+    average = jnp.where(first, reward, self.smoothing * average + (1 - self.smoothing) * reward)
+    risen = average > best + self.min_gain
+    best = jnp.where(risen, average, best)
+    since = jnp.where(risen, 0.0, since + 1)
+    cut = since >= self.patience
+    factor = jnp.maximum(jnp.where(cut, factor * self.factor, factor), self.min_scale)
+    new = jnp.stack([average, best, jnp.where(cut, 0.0, since), factor]).astype(jnp.float32)
+    return jnp.where(jnp.isfinite(reward), new, state)

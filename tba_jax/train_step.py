@@ -27,7 +27,9 @@ combined with the adapters inside the program (lora.py).
 Update-size control (optim.DriftControl, config optim.lr_control="drift"): each update
 measures what it did to the policy (one extra teacher-forced forward, no backward), and a
 scalar lr scale in the TrainState, multiplying the next update's optimizer step, moves
-towards the scale that would have hit the target.
+towards the scale that would have hit the target. Saturation decay (optim.SaturationDecay,
+optim.saturation_patience > 0): a second factor in the TrainState, cut when the batches'
+smoothed reward stops rising.
 
 Loss functions share one signature (`LossFn`) so the same update trains with
 TB (`tb_loss`) or the baselines (`rloo_loss`, `grpo_loss`, `ratio_loss`); their switches are
@@ -66,6 +68,9 @@ class TrainState:
   # DriftControl: the factor (float32 scalar, replicated; 1 at the start) the next update's
   # optimizer step is multiplied by; None without it.
   lr_scale: jax.Array | None = None
+  # SaturationDecay: its state (float32 [4], replicated: optim.SaturationDecay.STATE_FIELDS,
+  # the last its factor on the next update's step); None without it.
+  saturation: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,10 +204,11 @@ def _float32(tree):
 
 def state_shardings(model_config: ModelConfig, optimizer: optax.GradientTransformation,
                     mesh: Mesh, learned_log_z: LearnedLogZ | None = None,
-                    drift_control: optim.DriftControl | None = None) -> TrainState:
+                    drift_control: optim.DriftControl | None = None,
+                    saturation: optim.SaturationDecay | None = None) -> TrainState:
   """TrainState of NamedShardings: the trained params (lora.trained) and every
   param-shaped optimizer leaf FSDP-sharded on the trainer mesh, optimizer scalars,
-  the step, log Z and the lr scale replicated."""
+  the step, log Z, the lr scale and the saturation state replicated."""
   param_sh = lora.trained(model_config, sharding.param_shardings(model_config, "trainer", mesh))
   opt_shapes = jax.eval_shape(lambda p: optimizer.init(_float32(p)),
                               lora.trained(model_config, model.param_shapes(model_config)))
@@ -216,7 +222,8 @@ def state_shardings(model_config: ModelConfig, optimizer: optax.GradientTransfor
         learned_log_z.optimizer.init, jnp.zeros(learned_log_z.num_prompts, jnp.float32)))
   return TrainState(params=param_sh, opt_state=opt_sh, step=replicated, log_z=log_z,
                     log_z_opt_state=log_z_opt,
-                    lr_scale=None if drift_control is None else replicated)
+                    lr_scale=None if drift_control is None else replicated,
+                    saturation=None if saturation is None else replicated)
 
 
 def batch_shardings(mesh: Mesh) -> TrainBatch:
@@ -229,8 +236,9 @@ def batch_shardings(mesh: Mesh) -> TrainBatch:
 
 def init_state(params: Params, optimizer: optax.GradientTransformation,
                shardings: TrainState, learned_log_z: LearnedLogZ | None = None) -> TrainState:
-  """A fresh TrainState on `shardings` (from state_shardings); step 0, and an lr scale of 1
-  where the shardings have one (state_shardings with a DriftControl).
+  """A fresh TrainState on `shardings` (from state_shardings); step 0, an lr scale of 1
+  and SaturationDecay.init() where the shardings have them (state_shardings with a
+  DriftControl, a SaturationDecay).
 
   `params`: the trained parameters (lora.trained: with LoRA, the adapters). They
   are copied, so the caller's arrays survive the donation of the state by the
@@ -247,7 +255,9 @@ def init_state(params: Params, optimizer: optax.GradientTransformation,
     return TrainState(params=jax.tree.map(jnp.copy, params),
                       opt_state=optimizer.init(_float32(params)),
                       step=jnp.zeros((), jnp.int32), log_z=log_z, log_z_opt_state=log_z_opt,
-                      lr_scale=None if shardings.lr_scale is None else jnp.ones((), jnp.float32))
+                      lr_scale=None if shardings.lr_scale is None else jnp.ones((), jnp.float32),
+                      saturation=(None if shardings.saturation is None else
+                                  optim.SaturationDecay.init()))
 
   return jax.jit(init, out_shardings=shardings)(params)
 
@@ -294,7 +304,8 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
                 objective: Objective, mesh: Mesh, *, forward: Forward = Forward(),
                 lr_schedule: optax.ScalarOrSchedule | None = None,
                 learned_log_z: LearnedLogZ | None = None,
-                drift_control: optim.DriftControl | None = None
+                drift_control: optim.DriftControl | None = None,
+                saturation: optim.SaturationDecay | None = None
                 ) -> Callable[[TrainState, TrainBatch], tuple[TrainState, dict[str, jax.Array]]]:
   """The jitted `update(state, batch) -> (state, metrics)` on the trainer `mesh`.
 
@@ -308,10 +319,10 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
   micro-batch's rows, given to it here. Compiles once per batch shape.
 
   metrics (replicated scalars): loss, grad_norm (before clipping), beta, lr (with
-  `lr_schedule`, the one given to optim.make_optimizer: lr(u) of u = step + 1, times
-  lr_scale with a DriftControl), reward_mean, num_tokens (real prompt + completion tokens:
-  tokens/s is num_tokens over the caller's wall time of the step), completion_tokens,
-  entropy, policy_drift and the loss function's own (TB: log_z_mean, kl,
+  `lr_schedule`, the one given to optim.make_optimizer: lr(u) of u = step + 1, times the
+  factors of a DriftControl and a SaturationDecay), reward_mean, num_tokens (real prompt +
+  completion tokens: tokens/s is num_tokens over the caller's wall time of the step),
+  completion_tokens, entropy, policy_drift and the loss function's own (TB: log_z_mean, kl,
   ratio_weight_mean, residual_abs_mean and, with residual_clip, residual_clip_fraction).
 
   With LoRA the program is `update(state, batch, base)`: `base` the frozen weights
@@ -323,10 +334,15 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
   one more forward at the new params (per micro-batch, no backward; with dropout two, both
   without it) and the scale updated (DriftControl); metrics lr_scale (the one this update
   applied), update_drift (the mean per-sequence |change| of log pi) and update_drift_max.
+  `saturation` (init_state and state_shardings given the same): the step is multiplied by
+  the state's factor too, and the state moves on with the batch's reward_mean
+  (SaturationDecay); metrics saturation_factor (the one this update applied) and
+  reward_average.
   """
   f, num_microbatches = forward, forward.num_microbatches
   compute_config = model_config.replace(dtype=f.dtype)
-  state_sh = state_shardings(model_config, optimizer, mesh, learned_log_z, drift_control)
+  state_sh = state_shardings(model_config, optimizer, mesh, learned_log_z, drift_control,
+                             saturation)
   # Read once from the signature (functools.partial keeps it; a wrapper needs functools.wraps).
   per_token = "tokens_per_row" in inspect.signature(objective.loss_fn).parameters
 
@@ -401,11 +417,16 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     # The optimizer sees float32 params and gradients (bfloat16 ones convert exactly);
     # bfloat16 params are rounded once, when the new weights are stored.
     updates, opt_state = optimizer.update(grads, state.opt_state, _float32(state.params))
-    lr_scale = state.lr_scale
-    if drift_control is not None:  # the step is linear in the lr (AdamW's decay term too)
-      updates = jax.tree.map(lambda u: u * lr_scale, updates)
+    lr_scale, step_factor = state.lr_scale, jnp.ones((), jnp.float32)
+    if drift_control is not None:
+      step_factor = lr_scale
+    if saturation is not None:
+      step_factor = step_factor * state.saturation[3]
+    if drift_control is not None or saturation is not None:
+      # the step is linear in the lr (AdamW's decay term too)
+      updates = jax.tree.map(lambda u: u * step_factor, updates)
     params = optim.apply_updates(state.params, updates)
-    drift_metrics = {}
+    control_metrics = {}
     if drift_control is not None:
       # What this update did to the policy: log pi(y) of the batch's rows at the new params
       # against the old, in the micro-batch layout the gradient used ([M, N/M] rows, or [N]),
@@ -416,26 +437,33 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
         old_lp = measure(state.params)
       change = jnp.abs(measure(params) - old_lp)
       drift = jnp.mean(change)
-      drift_metrics = {"lr_scale": lr_scale, "update_drift": drift,
-                       "update_drift_max": jnp.max(change)}
+      control_metrics = {"lr_scale": lr_scale, "update_drift": drift,
+                         "update_drift_max": jnp.max(change)}
       lr_scale = drift_control.next_scale(lr_scale, drift)
+    saturation_state = state.saturation
+    if saturation is not None:
+      saturation_state = saturation.next_state(state.saturation, jnp.mean(batch.rewards),
+                                               state.step == 0)
+      control_metrics = {**control_metrics, "saturation_factor": state.saturation[3],
+                         "reward_average": saturation_state[0]}
     metrics = {
         "loss": loss, "grad_norm": optax.global_norm(grads), "beta": beta,
         "reward_mean": jnp.mean(batch.rewards),
         "num_tokens": jnp.sum(batch.attention_mask),
         "completion_tokens": jnp.sum(batch.completion_mask),
-        **aux, **extra, **drift_metrics,
+        **aux, **extra, **control_metrics,
     }
     if lr_schedule is not None:
       lr = lr_schedule(state.step + 1) if callable(lr_schedule) else lr_schedule
       lr = jnp.asarray(lr, jnp.float32)
-      metrics["lr"] = lr if drift_control is None else lr * state.lr_scale
+      metrics["lr"] = lr * step_factor
     log_z, log_z_opt = state.log_z, state.log_z_opt_state
     if learned_log_z is not None:
       z_updates, log_z_opt = learned_log_z.optimizer.update(log_z_grad, log_z_opt, log_z)
       log_z = optax.apply_updates(log_z, z_updates)
     return TrainState(params=params, opt_state=opt_state, step=state.step + 1, log_z=log_z,
-                      log_z_opt_state=log_z_opt, lr_scale=lr_scale), metrics
+                      log_z_opt_state=log_z_opt, lr_scale=lr_scale,
+                      saturation=saturation_state), metrics
 
   out_sh = (state_sh, sharding.replicated(mesh))
   if model_config.lora is None:  # nothing frozen: the two-argument program

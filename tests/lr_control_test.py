@@ -1,5 +1,7 @@
 """optim.lr_control="drift": the measured update_drift, the scale's moves and bounds, the
-update without it unchanged, checkpoints, micro-batches, LoRA, a learned log Z, a run."""
+update without it unchanged, checkpoints, micro-batches, LoRA, a learned log Z, a run; and
+optim.saturation_patience: the factor's cuts, the step it scales, with drift, a checkpoint,
+the config checks, a run."""
 import dataclasses
 import functools
 
@@ -223,3 +225,123 @@ def test_a_controlled_run_logs_each_updates_scale_and_drift(tmp_path):
     assert after["lr_scale"] == pytest.approx(
         float(control.next_scale(np.float32(r["lr_scale"]), np.float32(r["update_drift"]))))
   assert any(r["lr_scale"] < 1 for r in rows)
+
+
+# ---------------------------------------------------------------------------
+# optim.saturation_patience > 0: the lr cut when the reward stops rising.
+SATURATION = optim.SaturationDecay(patience=1, factor=0.5, smoothing=0.0, min_gain=0.01,
+                                   min_scale=0.1)
+
+
+def saturation_states(decay, rewards):
+  """The state after each reward: SaturationDecay.next_state from its init."""
+  state, seen = decay.init(), []
+  for u, r in enumerate(rewards):
+    state = decay.next_state(state, np.float32(r), np.bool_(u == 0))
+    seen.append(np.asarray(state))
+  return np.array(seen)
+
+
+def test_the_saturation_factor_is_cut_after_patience_updates_without_a_new_best():
+  decay = optim.SaturationDecay(patience=2, factor=0.5, smoothing=0.0, min_gain=0.01,
+                                min_scale=0.2)
+  rewards = [0.5, 0.5, 0.505, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6]
+  states = saturation_states(decay, rewards)
+  # 0.505 is no new best (not 0.01 above 0.5): the second update without one cuts; 0.6 is
+  # one, then every second update cuts, down to min_scale and no further.
+  np.testing.assert_allclose(states[:, 3], [1, 1, .5, .5, .5, .25, .25, .2, .2, .2])
+  np.testing.assert_allclose(states[:, 2], [0, 1, 0, 0, 1, 0, 1, 0, 1, 0])
+  np.testing.assert_allclose(states[:, 1], [.5, .5, .5, .6, .6, .6, .6, .6, .6, .6])
+  # A rising reward never cuts; the average weighs its past by `smoothing`.
+  rising = optim.SaturationDecay(3, 0.5, 0.9, 0.01, 0.01)
+  states = saturation_states(rising, [0.1 * u for u in range(10)])
+  assert np.all(states[:, 3] == 1) and np.all(states[:, 2] == 0)
+  np.testing.assert_allclose(saturation_states(rising, [1.0, 0.0])[:, 0], [1.0, 0.9])
+  # A non-finite reward leaves the state as it was.
+  state = saturation_states(decay, [0.5, 0.5])[-1]
+  for bad in (np.nan, np.inf):
+    np.testing.assert_array_equal(decay.next_state(state, np.float32(bad), np.bool_(False)),
+                                  state)
+
+
+@functools.cache
+def saturating(cfg, drift=None):
+  """(update, optimizer, state shardings) with SATURATION (and a DriftControl), once per case."""
+  mesh, optimizer = mesh_of(1), optim.make_optimizer(LR, 0.0, None)
+  update = ts.make_update(cfg, optimizer, TB, mesh, lr_schedule=LR, drift_control=drift,
+                          saturation=SATURATION)
+  return update, optimizer, ts.state_shardings(cfg, optimizer, mesh, drift_control=drift,
+                                               saturation=SATURATION)
+
+
+def test_the_saturation_factor_multiplies_the_step_and_follows_the_batch_reward(tiny_cfg):
+  params, batch = a_batch(tiny_cfg, seed=8)
+  update, optimizer, shardings = saturating(tiny_cfg)
+  state = ts.init_state(params, optimizer, shardings)
+  assert state.lr_scale is None
+  reward = float(np.mean(batch.rewards))
+  first, m1 = update(state, batch)
+  assert float(m1["saturation_factor"]) == 1.0 and float(m1["lr"]) == pytest.approx(LR)
+  np.testing.assert_allclose(np.asarray(first.saturation), [reward, reward, 0, 1], rtol=1e-6)
+  first_params = jax.tree.map(np.asarray, first.params)
+  second, _ = update(first, batch)  # the same reward: no new best, patience 1 -> cut
+  np.testing.assert_allclose(np.asarray(second.saturation), [reward, reward, 0, 0.5], rtol=1e-6)
+  _, m3 = update(second, batch)
+  assert float(m3["saturation_factor"]) == 0.5 and float(m3["lr"]) == pytest.approx(LR / 2)
+  # The factor scales the step: the first update at factor 0.5 moves each weight by half.
+  state = ts.init_state(params, optimizer, shardings)
+  half, _ = update(dataclasses.replace(state, saturation=np.float32([0, -np.inf, 0, 0.5])),
+                   batch)
+  for a, b, p in zip(*map(jax.tree.leaves, (half.params, first_params, params))):
+    np.testing.assert_allclose(np.asarray(a) - p, 0.5 * (np.asarray(b) - p), rtol=1e-4,
+                               atol=1e-7)
+
+
+def test_saturation_and_drift_multiply_and_the_state_round_trips_a_checkpoint(tiny_cfg,
+                                                                              tmp_path):
+  params, batch = a_batch(tiny_cfg, seed=9)
+  update, optimizer, shardings = saturating(tiny_cfg, CONTROL)
+  state = ts.init_state(params, optimizer, shardings)
+  state = dataclasses.replace(state, saturation=np.float32([0, -np.inf, 0, 0.5]))
+  state, metrics = update(state, batch)
+  assert float(metrics["lr"]) == pytest.approx(LR * 0.5)  # drift's scale 1 x saturation's 0.5
+  state, metrics = update(state, batch)
+  assert 0.01 < float(metrics["lr_scale"]) < 1
+  assert float(metrics["lr"]) == pytest.approx(
+      LR * float(metrics["lr_scale"]) * float(metrics["saturation_factor"]))
+  config = {"optim": {"lr_control": "drift", "saturation_patience": 1}}
+  saves = checkpoint.Checkpointer(str(tmp_path / "checkpoints"))
+  saves.save(2, state, {"x": np.arange(2)}, {"step": 2}, config)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          ts.init_state(params, optimizer, shardings))
+  restored = saves.restore(abstract, config).train_state
+  jax.tree.map(np.testing.assert_array_equal, restored, state)
+  with pytest.raises(checkpoint.ConfigMismatchError, match="optim.saturation_patience: 1 -> 0"):
+    saves.restore(abstract, {"optim": {"lr_control": "drift", "saturation_patience": 0}})
+  saves.close()
+
+
+def test_config_checks_name_the_saturation_keys():
+  c = tiny_config(optim=dict(saturation_patience=4, lr_min=1.0))
+  with pytest.raises(ConfigError, match=r"optim.lr_min=1.0: must be in \(0, optim.learning_rate="
+                     r"0.001\] with optim.saturation_patience=4"):
+    config_checks.validate(c)
+  with pytest.raises(ConfigError, match=r"optim.saturation_factor=1.0: must be in \(0, 1\)"):
+    config_checks.validate(tiny_config(optim=dict(saturation_patience=4, saturation_factor=1.0)))
+  from tba_jax import config_builders
+  assert config_builders.saturation_decay(tiny_config().optim) is None
+  assert config_builders.saturation_decay(tiny_config(optim=dict(
+      saturation_patience=4, lr_min=1e-5)).optim) == optim.SaturationDecay(4, 0.5, 0.9, 0.01, 0.01)
+
+
+@pytest.mark.slow  # a 4-step run
+def test_a_run_with_saturation_logs_its_factor_and_reward_average(tmp_path):
+  c = tiny_config(num_train_steps=4, mesh=dict(num_devices=1),
+                  optim=dict(saturation_patience=1, saturation_smoothing=0.0, lr_min=1e-5))
+  loop.run(c, str(tmp_path), task=toy_task(c))
+  from tba_jax.metrics import read_jsonl
+  rows = [r for r in read_jsonl(str(tmp_path / "metrics.jsonl")) if "loss" in r]
+  assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[0]["saturation_factor"] == 1.0
+  for r in rows:
+    assert r["lr"] == pytest.approx(c.optim.learning_rate * r["saturation_factor"])
+    assert r["reward_average"] == pytest.approx(r["reward_mean"])  # smoothing 0
