@@ -24,9 +24,10 @@ TASKS[NAME]: `description`, `task` (the overrides of c.task), `budget_s` (the wa
 a run of the task gets) and `target` (the held-out sampled accuracy that counts as
 reached). The budgets and targets are initial guesses, by the expected climb (add_mul_1d
 reaches 0.8 in ~8 updates, test split, configs/gsm8k.py; the others are expected to
-take tens to hundreds), to be set from validation runs. Measured so far (validation, seed
-0; benchmarks/results/LAB_LOG.md): two_op never reached 0.5 in 1,200 s (every arm stopped
-near 0.15); word reached 0.6 at 415-599 s of its 900 and ended at 0.73-0.79.
+take tens to hundreds), to be set from validation runs. Measured so far (validation;
+benchmarks/results/LAB_LOG.md): two_op never reached 0.5 in 1,200 s (every arm stopped
+near 0.15, seed 0); word reached 0.6 at 415-599 s of its 900 and ended at 0.73 (the
+recipe, seed 0) and 0.77-0.85 (optim.lr_control=drift at a constant lr, seeds 0-2).
 
 Base rates: the untrained model's validation accuracy, through the run's evaluator at the
 cpu recipe's evaluation settings (32 new tokens; sampled pass@1 over 2 samples at T = 0.7)
