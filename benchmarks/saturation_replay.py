@@ -31,7 +31,7 @@ def first_cut(decay: optim.SaturationDecay, run: list[float]) -> int | None:
   state = decay.init()
   for u, reward in enumerate(run, start=1):
     state = decay.next_state(state, np.float32(reward), np.bool_(u == 1))
-    if float(state[3]) < 1:
+    if float(decay.factor_of(state)) < 1:
       return u + 1
   return None
 

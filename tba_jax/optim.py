@@ -214,6 +214,15 @@ class SaturationDecay:
     """The state before the first update: no average yet, no best, the factor 1."""
     return jnp.array([0.0, -jnp.inf, 0.0, 1.0], jnp.float32)
 
+  @staticmethod
+  def factor_of(state: jax.Array) -> jax.Array:
+    """The factor the next update's step is multiplied by."""
+    return state[3]
+
+  @staticmethod
+  def reward_average_of(state: jax.Array) -> jax.Array:
+    return state[0]
+
   def next_state(self, state: jax.Array, reward: jax.Array, first: jax.Array) -> jax.Array:
     """The state after an update whose batch had mean reward `reward` (`first`: update 1)."""
     average, best, since, factor = state[0], state[1], state[2], state[3]

@@ -421,7 +421,7 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     if drift_control is not None:
       step_factor = lr_scale
     if saturation is not None:
-      step_factor = step_factor * state.saturation[3]
+      step_factor = step_factor * saturation.factor_of(state.saturation)
     if drift_control is not None or saturation is not None:
       # the step is linear in the lr (AdamW's decay term too)
       updates = jax.tree.map(lambda u: u * step_factor, updates)
@@ -444,8 +444,9 @@ def make_update(model_config: ModelConfig, optimizer: optax.GradientTransformati
     if saturation is not None:
       saturation_state = saturation.next_state(state.saturation, jnp.mean(batch.rewards),
                                                state.step == 0)
-      control_metrics = {**control_metrics, "saturation_factor": state.saturation[3],
-                         "reward_average": saturation_state[0]}
+      control_metrics = {**control_metrics,
+                         "saturation_factor": saturation.factor_of(state.saturation),
+                         "reward_average": saturation.reward_average_of(saturation_state)}
     metrics = {
         "loss": loss, "grad_norm": optax.global_norm(grads), "beta": beta,
         "reward_mean": jnp.mean(batch.rewards),
