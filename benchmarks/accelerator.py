@@ -97,7 +97,8 @@ def main(argv=None):
   import jax
   import jax.numpy as jnp
 
-  from tba_jax import continuous, losses, model, optim, sharding, train_step, weight_sync
+  from tba_jax import (continuous, losses, model, optim, sharding, train_state, train_step,
+                       weight_sync)
   from tba_jax.model import ModelConfig
   from tba_jax.sampler import Buckets, Sampler, SamplingOptions
 
@@ -185,8 +186,8 @@ def main(argv=None):
   # ----- Trainer ------------------------------------------------------------------
   trainer_mesh = sharding.make_mesh("trainer", [device])
   optimizer = optim.make_optimizer(1e-5, 0.0, 1.0)
-  state = train_step.init_state(jax.tree.map(lambda x: x.astype(jnp.float32), params), optimizer,
-                                train_step.state_shardings(cfg.replace(dtype="float32"),
+  state = train_state.init_state(jax.tree.map(lambda x: x.astype(jnp.float32), params), optimizer,
+                                train_state.state_shardings(cfg.replace(dtype="float32"),
                                                            optimizer, trainer_mesh))
   objective = train_step.Objective(train_step.tb_loss,
                                    functools.partial(losses.constant_beta, beta=0.01), 0.7)

@@ -197,7 +197,7 @@ def pinned_run(c, workdir: str, trainer: bool, signal_port: int) -> dict:
   by both in the same order (module docstring). Returns this process's figures."""
   import jax
   from jax.experimental import multihost_utils
-  from tba_jax import config_checks, distributed, loop, sharding, train_step
+  from tba_jax import config_checks, distributed, loop, sharding, train_state
   from tba_jax import config_builders as build
   from tba_jax.batch import Layout
   from tba_jax.metrics import MetricsWriter
@@ -232,7 +232,7 @@ def pinned_run(c, workdir: str, trainer: bool, signal_port: int) -> dict:
   if trainer:
     state, update, _, _ = loop.build_trainer(c, model_cfg, params, base, task, trainer_mesh)
     del params
-    batch_shardings = train_step.batch_shardings(trainer_mesh)
+    batch_shardings = train_state.batch_shardings(trainer_mesh)
   else:
     pool = build.searcher_pool(
         c, task, tokenizer, searcher_cfg, [searcher_mesh], publish=to_searcher, params=params,

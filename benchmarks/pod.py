@@ -197,7 +197,7 @@ def trainer_program(cfg, devices, fsdp: int, tensor: int, rows: int, prompt_len:
                     new_tokens: int, microbatches: int):
   import jax
   import jax.numpy as jnp
-  from tba_jax import config_builders, model, optim, sharding, train_step
+  from tba_jax import config_builders, model, optim, sharding, train_state, train_step
   from tba_jax.batch import TrainBatch
   from tba_jax.model_config import ModelConfig  # noqa: F401
   mesh = sharding.make_mesh("trainer", devices[:fsdp * tensor], tensor)
@@ -206,14 +206,14 @@ def trainer_program(cfg, devices, fsdp: int, tensor: int, rows: int, prompt_len:
   objective = train_step.Objective(loss, lambda s: jnp.float32(0.01), 1.0)
   forward = train_step.Forward(dtype="bfloat16", num_microbatches=microbatches, remat=True)
   update = train_step.make_update(cfg, optimizer, objective, mesh, forward=forward)
-  state_sh = train_step.state_shardings(cfg, optimizer, mesh)
-  shapes = jax.eval_shape(lambda p: train_step.TrainState(
+  state_sh = train_state.state_shardings(cfg, optimizer, mesh)
+  shapes = jax.eval_shape(lambda p: train_state.TrainState(
       params=p, opt_state=optimizer.init(p), step=jnp.zeros((), jnp.int32)),
       model.param_shapes(cfg))
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        shapes, state_sh)
   t = prompt_len + new_tokens
-  b = train_step.batch_shardings(mesh)
+  b = train_state.batch_shardings(mesh)
   sds = lambda shape, dtype, s: jax.ShapeDtypeStruct(shape, dtype, sharding=s)
   batch = TrainBatch(
       tokens=sds((rows, t), jnp.int32, b.tokens), attention_mask=sds((rows, t), jnp.int32, b.tokens),

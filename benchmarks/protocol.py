@@ -10,9 +10,13 @@ append-only ledgers that enforce them (benchmarks/results/, committed with the r
                          recipe's name, the configurations each family tried, the reason for a
                          re-read, whether unequal tuning was accepted)
 
-A recipe's fingerprint hashes its resolved settings without what does not change what is
-trained: the seed, the evaluation, the run's bookkeeping (log, checkpoint, export) and the
-recipe's name. Another seed or another evaluation grid is the same recipe; another lr is not.
+A recipe's fingerprint hashes the settings where it differs from the config's defaults
+(configs/common.py), without what does not change what is trained: the seed, the evaluation,
+the run's bookkeeping (log, checkpoint, export) and the recipe's name. Another seed or another
+evaluation grid is the same recipe; another lr is not; nor does a key added to the config with
+a default that leaves training as it was make every recipe a new one. A changed default is a
+change of code, as a changed loss is: neither is in the hash, and LAB_LOG says when one was
+made.
 """
 from __future__ import annotations
 
@@ -33,9 +37,23 @@ class ProtocolError(Exception):
   """A run the protocol refuses; the message says which rule and how to proceed."""
 
 
-def fingerprint(settings: dict) -> str:
-  """A hash of `settings` (a resolved config as a dict) without NOT_THE_RECIPE."""
-  kept = {k: v for k, v in settings.items() if k not in NOT_THE_RECIPE}
+def _flat(settings: dict, prefix: str = "") -> dict:
+  """{"section.key": value} of a nested dict."""
+  flat = {}
+  for k, v in settings.items():
+    if isinstance(v, dict) and v:
+      flat.update(_flat(v, f"{prefix}{k}."))
+    else:
+      flat[prefix + k] = v
+  return flat
+
+
+def fingerprint(settings: dict, defaults: dict) -> str:
+  """A hash of `settings` (a resolved config as a dict) where they differ from `defaults` (the
+  same shape), without NOT_THE_RECIPE's sections."""
+  base = _flat(defaults)
+  kept = {k: v for k, v in _flat(settings).items()
+          if k.split(".")[0] not in NOT_THE_RECIPE and (k not in base or base[k] != v)}
   text = json.dumps(kept, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -19,6 +19,8 @@ error, every eval/* metric tba_jax logged), and per task and arm over seeds: tim
 to the task's target (mean +- s.e. over the seeds that reached it; the others counted and
 named), final and peak accuracy and final minus peak (mean +- s.e.). At the end: the
 accuracy curves against training minutes and updates (suite_<split>_<time>.png), the table.
+Seeds run apart (another day, another invocation) are pooled into one table with
+`--pool REPORT...` (the same split, machine, budgets, grid and recipe; no seed twice).
 
 The protocol (docs/benchmarks.md, "Protocol for recipe work"; benchmarks/protocol.py):
 every validation run is recorded in validation_runs.jsonl as it starts; --split test needs
@@ -127,6 +129,42 @@ def table(report: dict) -> str:
   return "\n".join(lines)
 
 
+def pool(reports: list[dict]) -> dict:
+  """One report of the runs of several (seeds of one recipe run at different times): per task
+  and arm the runs of every report, re-aggregated. ValueError where they cannot be pooled: a
+  split, machine, target, budget or evaluation grid that differs, a recipe (fingerprint) that
+  differs under one arm name, or one seed run twice."""
+  if not reports:
+    raise ValueError("nothing to pool")
+  problems = [f"{key}: {sorted({str(r[key]) for r in reports})}" for key in ("split", "machine")
+              if len({str(r[key]) for r in reports}) > 1]
+  out = {"split": reports[0]["split"], "machine": reports[0]["machine"], "tiny": False,
+         "pooled": [r["date"] for r in reports], "tasks": {}}
+  for r in reports:
+    for name, t in r["tasks"].items():
+      into = out["tasks"].setdefault(name, {k: t[k] for k in (
+          "description", "target", "budget_s", "eval_grid")} | {"arms": {}})
+      for k in ("target", "budget_s", "eval_grid"):
+        if t[k] != into[k]:
+          problems.append(f"{name}: {k} {into[k]!r} in one report, {t[k]!r} in {r['date']}")
+      for spec, arm in t["arms"].items():
+        a = into["arms"].setdefault(spec, {"fingerprint": arm["fingerprint"], "runs": {}})
+        if arm["fingerprint"] != a["fingerprint"]:
+          problems.append(f"{name} / {spec}: recipe {a['fingerprint']} in one report, "
+                          f"{arm['fingerprint']} in {r['date']}")
+        for seed, curves in arm["runs"].items():
+          if seed in a["runs"]:
+            problems.append(f"{name} / {spec}: seed {seed} in two reports (one is {r['date']})")
+          a["runs"][seed] = curves
+  if problems:
+    raise ValueError("cannot pool these reports:\n  " + "\n  ".join(problems))
+  for t in out["tasks"].values():
+    for a in t["arms"].values():
+      a["runs"] = dict(sorted(a["runs"].items(), key=lambda kv: int(kv[0])))
+      a["aggregate"] = aggregate(a["runs"], t["target"])
+  return out
+
+
 def plot(report: dict, path: str) -> None:
   """Accuracy against training minutes and against updates, a row per task, a line per run."""
   import matplotlib
@@ -200,7 +238,11 @@ def main(argv=None) -> dict:
                       help="test: accept a peer with fewer configurations tried (recorded)")
   parser.add_argument("--results_dir", default=protocol.RESULTS)
   parser.add_argument("--workdir", default="/tmp/tba_suite")
+  parser.add_argument("--pool", nargs="+", default=[], metavar="REPORT",
+                      help="no run: pool these suite_*.json (seeds run apart) into one table")
   args = parser.parse_args(argv)
+  if args.pool:
+    return pool_command(args.pool, args.results_dir)
   statement = protocol.ReadStatement(args.frozen, args.configs_tried, args.reread_reason,
                                      args.unequal_tuning_ok)
   from configs import suite as suite_config
@@ -277,6 +319,27 @@ def main(argv=None) -> dict:
   plot(report, path[:-len(".json")] + ".png")
   print(table(report))
   print(f"results: {path} (curves: .png)")
+  return report
+
+
+def pool_command(paths: list[str], results_dir: str) -> dict:
+  """--pool: the reports at `paths` pooled (pool), written as suite_<split>_pooled_<time>.json
+  (+ .png) and printed."""
+  reports = []
+  for p in paths:
+    with open(p) as f:
+      reports.append(json.load(f))
+  try:
+    report = pool(reports)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
+  path = os.path.join(results_dir, f"suite_{report['split']}_pooled_{stamp}.json")
+  report["date"], report["command"] = stamp, ["--pool", *paths]
+  _write(path, report)
+  plot(report, path[:-len(".json")] + ".png")
+  print(table(report))
+  print(f"pooled {len(paths)} reports: {path} (curves: .png)")
   return report
 
 

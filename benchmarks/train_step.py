@@ -101,14 +101,14 @@ def _time_steps(step, steps):
 
 def _run_jax(args, row):
   import jax
-  from tba_jax import losses, model, optim, sharding
+  from tba_jax import losses, model, optim, sharding, train_state
   from tba_jax import train_step as ts
   param_dtype, compute_dtype, _ = ROWS[row]
   cfg = _model_config(args, param_dtype)
   mesh = sharding.make_mesh("trainer", jax.devices())
   optimizer = optim.make_optimizer(1e-5, weight_decay=0.0, max_grad_norm=1.0)
-  shardings = ts.state_shardings(cfg, optimizer, mesh)
-  state = ts.init_state(model.init_params(cfg, 0, shardings.params), optimizer, shardings)
+  shardings = train_state.state_shardings(cfg, optimizer, mesh)
+  state = train_state.init_state(model.init_params(cfg, 0, shardings.params), optimizer, shardings)
   objective = ts.Objective(ts.tb_loss, functools.partial(losses.constant_beta, beta=0.01), 0.7)
   forward = ts.Forward(dtype=compute_dtype, remat=args.remat,
                        prompt_group=args.samples_per_prompt if args.shared_prompts else 1)

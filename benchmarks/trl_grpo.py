@@ -130,9 +130,16 @@ def tba_overrides(schedule: Schedule, seed: int, arm=()) -> list[str]:
           "export=False", *arm]
 
 
+def config_defaults() -> dict:
+  """Every config key at its default (configs/common.py): what fingerprints are taken against."""
+  from configs import common
+  return common.base().to_dict()
+
+
 def tba_fingerprint(spec: str, overrides, schedule: Schedule) -> str:
   """The recipe a tba_jax arm trains (benchmarks/protocol.py: seed and evaluation aside)."""
-  return protocol.fingerprint(load_config(spec, tba_overrides(schedule, 0, overrides)).to_dict())
+  return protocol.fingerprint(load_config(spec, tba_overrides(schedule, 0, overrides)).to_dict(),
+                              config_defaults())
 
 
 def trl_fingerprint(spec: str, settings: TrlSettings, schedule: Schedule) -> str:
@@ -141,7 +148,8 @@ def trl_fingerprint(spec: str, settings: TrlSettings, schedule: Schedule) -> str
   return protocol.fingerprint({
       "peer": "trl", "task": c.task.to_dict(), "model": c.model.path,
       "max_completion_length": c.sampler.max_new_tokens, "temperature": c.sampler.temperature,
-      "budget_s": schedule.budget_s, **dataclasses.asdict(settings)})
+      "budget_s": schedule.budget_s, **dataclasses.asdict(settings)},
+      {"task": config_defaults()["task"]})
 
 
 # ----- The tba_jax arm ---------------------------------------------------------------------

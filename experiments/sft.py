@@ -87,7 +87,8 @@ BUILT_IN_ROWS = [{"prompt": "List:\n1.", "completion": " Say hi"},
 def train(c, rows: list[dict], out: str | None) -> list[float]:
   """Fine-tunes the model of config `c` (configs/sft.py) on `rows`; returns the loss of
   every step (writes the model to `out`)."""
-  from tba_jax import config_builders, hf_checkpoints, optim, run_config, sharding, train_step
+  from tba_jax import (config_builders, hf_checkpoints, optim, run_config, sharding,
+                       train_state, train_step)
   from tba_jax.batch import Layout
   tok = config_builders.load_tokenizer(c.model)
   mesh = sharding.make_mesh("trainer", jax.local_devices())
@@ -98,15 +99,15 @@ def train(c, rows: list[dict], out: str | None) -> list[float]:
   o, steps = c.optim, c.num_train_steps
   lr = optim.warmup_linear(o.learning_rate, o.warmup_steps, max(steps, o.warmup_steps))
   optimizer = optim.make_optimizer(lr, o.weight_decay, o.grad_clip_norm or None)
-  state = train_step.init_state(params, optimizer,
-                                train_step.state_shardings(cfg, optimizer, mesh))
+  state = train_state.init_state(params, optimizer,
+                                train_state.state_shardings(cfg, optimizer, mesh))
   del params
   # beta is unread by sft_loss; the log-probs untempered.
   objective = train_step.Objective(sft_loss, lambda u: jnp.ones((), jnp.float32), 1.0)
   forward = train_step.Forward(num_microbatches=o.num_microbatches, dropout=c.model.dropout,
                                dropout_seed=c.seed)
   update = train_step.make_update(cfg, optimizer, objective, mesh, forward=forward, lr_schedule=lr)
-  shardings = train_step.batch_shardings(mesh)
+  shardings = train_state.batch_shardings(mesh)
   rng = np.random.default_rng(c.seed)
   order, position, losses = rng.permutation(len(rows)), 0, []
   start = time.perf_counter()

@@ -22,8 +22,8 @@ import os
 import jax
 import optax
 
-from tba_jax import (choices, faults, lora, losses, optim, paged_kv, train_step, verifiers,
-                     weight_sync)
+from tba_jax import (choices, faults, lora, losses, optim, paged_kv, train_state, train_step,
+                     verifiers, weight_sync)
 from tba_jax.batch import Layout
 from tba_jax.errors import ConfigError, DataError
 from tba_jax.evaluation import Evaluator
@@ -361,12 +361,12 @@ def beta_schedule(loss_cfg):
   return lambda u: beta(u) * tau(u)
 
 
-def learned_log_z(loss_cfg, task: Task) -> train_step.LearnedLogZ | None:
+def learned_log_z(loss_cfg, task: Task) -> train_state.LearnedLogZ | None:
   """loss.log_z="learned": a log Z per training prompt id, trained by Adam; None: VarGrad's
   estimate (of the policy's or, "behaviour", of the sampling policy's log-probs)."""
   if loss_cfg.log_z != "learned":
     return None
-  return train_step.LearnedLogZ(optax.adam(loss_cfg.log_z_learning_rate),
+  return train_state.LearnedLogZ(optax.adam(loss_cfg.log_z_learning_rate),
                                 num_prompts=max(p.id for p in task.train) + 1)
 
 

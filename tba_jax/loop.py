@@ -41,7 +41,7 @@ import tqdm
 
 from tba_jax import config_checks, distributed, faults, hf_checkpoints, interrupts, lora, optim
 from tba_jax import batch as batch_lib
-from tba_jax import run_config, run_info, train_step
+from tba_jax import run_config, run_info, train_state, train_step
 from tba_jax import config_builders as build
 from tba_jax import verifiers, weight_sync
 from tba_jax.checkpoint import Checkpointer
@@ -179,7 +179,7 @@ def run(config, workdir: str, task: Task | None = None,
     train_start = last_eval = time.perf_counter()
     last, busy, eval_spent = max(c.num_train_steps, start_step), 0.0, 0.0
     watch = LatestFractionWatch(b.m)
-    batch_shardings = train_step.batch_shardings(trainer_mesh)
+    batch_shardings = train_state.batch_shardings(trainer_mesh)
     for step in range(start_step, c.num_train_steps):
       done = step + 1
       if pool.before_step(step, global_buffer):  # alternate: a window's round
@@ -283,9 +283,9 @@ def build_trainer(c, model_cfg: ModelConfig, params, base, task: Task, trainer_m
   log_z = build.learned_log_z(c.loss, task)
   control = build.LR_CONTROLS[o.lr_control](o)  # None, or a DriftControl
   saturation = build.saturation_decay(o)  # None, or a SaturationDecay
-  state = train_step.init_state(
+  state = train_state.init_state(
       params, optimizer,
-      train_step.state_shardings(model_cfg, optimizer, trainer_mesh, log_z, control, saturation),
+      train_state.state_shardings(model_cfg, optimizer, trainer_mesh, log_z, control, saturation),
       log_z)
   beta = build.beta_schedule(c.loss)
   objective = train_step.Objective(build.loss_fn(c.loss), beta, c.sampler.temperature,

@@ -9,7 +9,7 @@ import pytest
 
 from configs import gsm8k as gsm8k_config
 from tba_jax import (config_builders, faults, hf_checkpoints, loop, model, optim, run_checkpoints,
-                     sharding, train_step)
+                     sharding, train_state, train_step)
 from tba_jax import tokenizer as tokenizer_lib
 from tba_jax import verifiers, weight_sync
 from tba_jax.checkpoint import ConfigMismatchError
@@ -85,8 +85,8 @@ def _plain_synchronous_loop(c, task, tokenizer):
   params = init_params(cfg, c.seed, sharding.param_shardings(cfg, "trainer", trainer_mesh))
   optimizer = optim.make_optimizer(c.optim.learning_rate, c.optim.weight_decay,
                                    c.optim.grad_clip_norm, c.optim.b1, c.optim.b2)
-  state = train_step.init_state(params, optimizer,
-                                train_step.state_shardings(cfg, optimizer, trainer_mesh))
+  state = train_state.init_state(params, optimizer,
+                                train_state.state_shardings(cfg, optimizer, trainer_mesh))
   objective = train_step.Objective(config_builders.loss_fn(c.loss),
                                    config_builders.beta_schedule(c.loss), c.sampler.temperature)
   update = train_step.make_update(

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from tba_jax import (config_builders, logprobs, lora, losses, model, optim, sampler, sharding,
-                     train_step, weight_sync)
+                     train_state, train_step, weight_sync)
 from tba_jax.config_checks import ConfigError
 from tba_jax.model import LoRAConfig, ModelConfig
 
@@ -153,7 +153,7 @@ def _update(cfg, optimizer, num_devices=1, loss_fn=train_step.tb_loss):
   update = train_step.make_update(cfg, optimizer, objective, mesh)
   place = lambda tree: jax.device_put(
       tree, lora.frozen(cfg, sharding.param_shardings(cfg, "trainer", mesh)))
-  return update, train_step.state_shardings(cfg, optimizer, mesh), place
+  return update, train_state.state_shardings(cfg, optimizer, mesh), place
 
 
 @pytest.mark.slow  # ~18 s on 2 cores (2026-12-04): out of the default suite
@@ -163,7 +163,7 @@ def test_only_the_adapters_train_and_their_gradient_is_the_merged_models(tiny_cf
   adapters = jax.tree.map(np.asarray, trained_adapters(cfg))
   batch = make_batch(tiny_cfg, 3, equal_groups(4, 4, seed=3), base)
   update, shardings, place = _update(cfg, optax.sgd(1.0))  # the change IS minus the gradient
-  state = train_step.init_state(adapters, optax.sgd(1.0), shardings)
+  state = train_state.init_state(adapters, optax.sgd(1.0), shardings)
   frozen = place(base)
   state, metrics = update(state, batch, frozen)
   new = jax.tree.map(np.asarray, state.params)
@@ -188,7 +188,7 @@ def test_the_optimizer_state_holds_only_adapters(tiny_cfg):
   cfg = with_lora(tiny_cfg, targets=("q", "v"))
   optimizer = optim.make_optimizer(1e-3, 0.0, 1.0)
   _, shardings, _ = _update(cfg, optimizer)
-  state = train_step.init_state(lora.init_adapters(cfg), optimizer, shardings)
+  state = train_state.init_state(lora.init_adapters(cfg), optimizer, shardings)
   adapter_shapes = lora.split(jax.tree.map(lambda x: x.shape, model.param_shapes(cfg)))[1]
   mu, nu = state.opt_state[1][0].mu, state.opt_state[1][0].nu  # chain(clip, adamw)
   assert jax.tree.map(lambda x: x.shape, mu) == adapter_shapes == \
@@ -209,7 +209,7 @@ def test_tb_and_the_baselines_raise_the_rewarded_completions_on_4_devices(tiny_c
   batch = make_batch(tiny_cfg, 6, ids, base, policy_params=base, rewards=rewards)
   optimizer = optim.make_optimizer(1e-3, 0.0, 1.0)
   update, shardings, place = _update(cfg, optimizer, num_devices=4, loss_fn=loss_fn)
-  state, frozen = train_step.init_state(lora.init_adapters(cfg), optimizer, shardings), place(base)
+  state, frozen = train_state.init_state(lora.init_adapters(cfg), optimizer, shardings), place(base)
   assert frozen["layers"]["mlp"]["up"].sharding.spec == sharding.P(None, "fsdp", None)
   for _ in range(4):
     state, metrics = update(state, batch, frozen)
@@ -231,7 +231,7 @@ def test_sharded_lora_update_equals_single_device(tiny_cfg):
   out = []
   for n in (1, 4):
     update, shardings, place = _update(cfg, optax.sgd(1.0), num_devices=n)
-    state, m = update(train_step.init_state(adapters, optax.sgd(1.0), shardings), batch,
+    state, m = update(train_state.init_state(adapters, optax.sgd(1.0), shardings), batch,
                       place(base))
     out.append((jax.tree.map(np.asarray, state.params), float(m["loss"])))
   np.testing.assert_allclose(out[0][1], out[1][1], rtol=1e-5)

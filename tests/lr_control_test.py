@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from tba_jax import checkpoint, config_checks, logprobs, lora, loop, model, optim, sharding
+from tba_jax import checkpoint, config_checks, logprobs, lora, loop, model, optim, sharding, train_state
 from tba_jax import train_step as ts
 from tba_jax.errors import ConfigError
 
@@ -31,16 +31,16 @@ def controlled(cfg, control=CONTROL, num_devices=1, num_microbatches=1, dropout=
                learned=False):
   """(update, optimizer, state shardings, LearnedLogZ or None), compiled once per case."""
   mesh, optimizer = mesh_of(num_devices), optim.make_optimizer(LR, 0.0, None)
-  log_z = ts.LearnedLogZ(optax.sgd(0.1), num_prompts=32) if learned else None
+  log_z = train_state.LearnedLogZ(optax.sgd(0.1), num_prompts=32) if learned else None
   update = ts.make_update(cfg, optimizer, TB, mesh,
                           forward=ts.Forward(num_microbatches=num_microbatches, dropout=dropout),
                           lr_schedule=LR, learned_log_z=log_z, drift_control=control)
-  return update, optimizer, ts.state_shardings(cfg, optimizer, mesh, log_z, control), log_z
+  return update, optimizer, train_state.state_shardings(cfg, optimizer, mesh, log_z, control), log_z
 
 
 def start(cfg, params, **kw):
   update, optimizer, shardings, log_z = controlled(cfg, **kw)
-  return update, ts.init_state(params, optimizer, shardings, log_z)
+  return update, train_state.init_state(params, optimizer, shardings, log_z)
 
 
 def sequence_logprobs(cfg, params, batch):
@@ -131,7 +131,7 @@ def test_without_control_the_update_is_unchanged_and_at_scale_1_bit_identical(ti
   params, batch = a_batch(tiny_cfg, seed=4)
   mesh, optimizer = mesh_of(1), optim.make_optimizer(LR, 0.0, None)
   plain = ts.make_update(tiny_cfg, optimizer, TB, mesh, lr_schedule=LR)
-  state = ts.init_state(params, optimizer, ts.state_shardings(tiny_cfg, optimizer, mesh))
+  state = train_state.init_state(params, optimizer, train_state.state_shardings(tiny_cfg, optimizer, mesh))
   assert state.lr_scale is None
   state, m_plain = plain(state, batch)
   update, controlled_state = start(tiny_cfg, params)
@@ -179,7 +179,7 @@ def test_lora_adapters_train_under_control_and_their_drift_is_the_merged_policys
   adapters = jax.tree.map(np.asarray, trained_adapters(cfg))
   mesh, optimizer = mesh_of(1), optim.make_optimizer(LR, 0.0, None)
   update = ts.make_update(cfg, optimizer, TB, mesh, drift_control=CONTROL)
-  state = ts.init_state(adapters, optimizer, ts.state_shardings(cfg, optimizer, mesh,
+  state = train_state.init_state(adapters, optimizer, train_state.state_shardings(cfg, optimizer, mesh,
                                                                 drift_control=CONTROL))
   frozen = jax.device_put(base, lora.frozen(cfg, sharding.param_shardings(cfg, "trainer", mesh)))
   state, metrics = update(state, batch, frozen)
@@ -270,14 +270,14 @@ def saturating(cfg, drift=None):
   mesh, optimizer = mesh_of(1), optim.make_optimizer(LR, 0.0, None)
   update = ts.make_update(cfg, optimizer, TB, mesh, lr_schedule=LR, drift_control=drift,
                           saturation=SATURATION)
-  return update, optimizer, ts.state_shardings(cfg, optimizer, mesh, drift_control=drift,
+  return update, optimizer, train_state.state_shardings(cfg, optimizer, mesh, drift_control=drift,
                                                saturation=SATURATION)
 
 
 def test_the_saturation_factor_multiplies_the_step_and_follows_the_batch_reward(tiny_cfg):
   params, batch = a_batch(tiny_cfg, seed=8)
   update, optimizer, shardings = saturating(tiny_cfg)
-  state = ts.init_state(params, optimizer, shardings)
+  state = train_state.init_state(params, optimizer, shardings)
   assert state.lr_scale is None
   reward = float(np.mean(batch.rewards))
   first, m1 = update(state, batch)
@@ -289,7 +289,7 @@ def test_the_saturation_factor_multiplies_the_step_and_follows_the_batch_reward(
   _, m3 = update(second, batch)
   assert float(m3["saturation_factor"]) == 0.5 and float(m3["lr"]) == pytest.approx(LR / 2)
   # The factor scales the step: the first update at factor 0.5 moves each weight by half.
-  state = ts.init_state(params, optimizer, shardings)
+  state = train_state.init_state(params, optimizer, shardings)
   half, _ = update(dataclasses.replace(state, saturation=np.float32([0, -np.inf, 0, 0.5])),
                    batch)
   for a, b, p in zip(*map(jax.tree.leaves, (half.params, first_params, params))):
@@ -301,7 +301,7 @@ def test_saturation_and_drift_multiply_and_the_state_round_trips_a_checkpoint(ti
                                                                               tmp_path):
   params, batch = a_batch(tiny_cfg, seed=9)
   update, optimizer, shardings = saturating(tiny_cfg, CONTROL)
-  state = ts.init_state(params, optimizer, shardings)
+  state = train_state.init_state(params, optimizer, shardings)
   state = dataclasses.replace(state, saturation=np.float32([0, -np.inf, 0, 0.5]))
   state, metrics = update(state, batch)
   assert float(metrics["lr"]) == pytest.approx(LR * 0.5)  # drift's scale 1 x saturation's 0.5
@@ -313,7 +313,7 @@ def test_saturation_and_drift_multiply_and_the_state_round_trips_a_checkpoint(ti
   saves = checkpoint.Checkpointer(str(tmp_path / "checkpoints"))
   saves.save(2, state, {"x": np.arange(2)}, {"step": 2}, config)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                          ts.init_state(params, optimizer, shardings))
+                          train_state.init_state(params, optimizer, shardings))
   restored = saves.restore(abstract, config).train_state
   jax.tree.map(np.testing.assert_array_equal, restored, state)
   with pytest.raises(checkpoint.ConfigMismatchError, match="optim.saturation_patience: 1 -> 0"):

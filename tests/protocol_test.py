@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks import protocol
 from benchmarks.protocol import OURS, PEER, Arm, Ledger, ProtocolError, ReadStatement
-from configs import gsm8k
+from configs import common, gsm8k
 
 FROZEN = ReadStatement(frozen="cpu-v1", configs_tried=2)
 
@@ -17,13 +17,34 @@ def _tried(ledger, task, family, prints, seeds=(0,)):
       ledger.record_validation(task, f"{family}:{fp}", family, fp, seed, 600.0)
 
 
+def _print(config) -> str:
+  return protocol.fingerprint(config.to_dict(), common.base().to_dict())
+
+
 def test_the_fingerprint_ignores_seed_workdir_and_evaluation_but_not_the_lr():
-  base = gsm8k.get_config("tiny").to_dict()
-  same = gsm8k.get_config("tiny,seed=3,eval.every=1,eval.num_samples=7,log.every=5").to_dict()
-  assert protocol.fingerprint(same) == protocol.fingerprint(base)
-  assert protocol.fingerprint({**base, "workdir": "/elsewhere"}) == protocol.fingerprint(base)
-  lr = gsm8k.get_config("tiny,optim.learning_rate=2e-3").to_dict()
-  assert protocol.fingerprint(lr) != protocol.fingerprint(base)
+  base = gsm8k.get_config("tiny")
+  assert _print(gsm8k.get_config("tiny,seed=3,eval.every=1,eval.num_samples=7,log.every=5")) == (
+      _print(base))
+  defaults = common.base().to_dict()
+  assert protocol.fingerprint({**base.to_dict(), "workdir": "/elsewhere"}, defaults) == (
+      _print(base))
+  assert _print(gsm8k.get_config("tiny,optim.learning_rate=2e-3")) != _print(base)
+
+
+def test_a_key_added_at_its_default_leaves_every_fingerprint_but_a_set_one_changes_it():
+  """A new option, off by default, is not a new recipe for every recipe that leaves it off;
+  a recipe that sets it, or sets an old key back to its default, is a different one."""
+  recipe, defaults = gsm8k.get_config("tiny").to_dict(), common.base().to_dict()
+  before = protocol.fingerprint(recipe, defaults)
+  with_key = {**recipe, "optim": {**recipe["optim"], "new_knob": 0}}
+  grown = {**defaults, "optim": {**defaults["optim"], "new_knob": 0}}
+  assert protocol.fingerprint(with_key, grown) == before
+  set_on = {**recipe, "optim": {**recipe["optim"], "new_knob": 1}}
+  assert protocol.fingerprint(set_on, grown) != before
+  lr = defaults["optim"]["learning_rate"]  # the tiny recipe sets its own lr
+  assert recipe["optim"]["learning_rate"] != lr
+  at_default = {**recipe, "optim": {**recipe["optim"], "learning_rate": lr}}
+  assert protocol.fingerprint(at_default, defaults) != before
 
 
 def test_configurations_tried_count_distinct_recipes_per_task_and_family(tmp_path):

@@ -3,6 +3,7 @@ it, standard errors), the arm specs, the command line's protocol refusals, and a
 import json
 import math
 import os
+import re
 import sys
 import types
 
@@ -124,3 +125,39 @@ def test_a_tiny_validation_suite_writes_curves_aggregates_and_the_ledger(tmp_pat
   path, = [f for f in os.listdir(tmp_path) if f.startswith("suite_validation_")]
   with open(tmp_path / path) as f:
     assert json.load(f)["tasks"][name]["arms"]["tba"]["fingerprint"] == arm["fingerprint"]
+
+
+def _report(date, seeds, fingerprint="f1", machine="cpu X, 2 cores", grid="every 60 s"):
+  return {"split": "validation", "date": date, "machine": machine, "tasks": {"t": {
+      "description": "d", "target": 0.8, "budget_s": 600.0, "eval_grid": grid, "arms": {"tba": {
+          "fingerprint": fingerprint,
+          "runs": {str(s): _curves([(0, 0, 0.3), (60, 5, a)]) for s, a in seeds.items()}}}}}}
+
+
+def test_pooled_reports_aggregate_every_seed_as_one_run_would(tmp_path):
+  pooled = suite.pool([_report("d1", {1: 0.9, 2: 0.7}), _report("d0", {0: 0.85})])
+  arm = pooled["tasks"]["t"]["arms"]["tba"]
+  assert list(arm["runs"]) == ["0", "1", "2"] and pooled["pooled"] == ["d1", "d0"]
+  together = suite.aggregate({str(s): _curves([(0, 0, 0.3), (60, 5, a)])
+                              for s, a in {0: 0.85, 1: 0.9, 2: 0.7}.items()}, 0.8)
+  assert arm["aggregate"] == together and together["reached"] == 2
+  paths = []
+  for i, r in enumerate([_report("d1", {1: 0.9, 2: 0.7}), _report("d0", {0: 0.85})]):
+    paths.append(str(tmp_path / f"r{i}.json"))
+    with open(paths[-1], "w") as f:
+      json.dump(r, f)
+  written = suite.main(["--pool", *paths, "--results_dir", str(tmp_path / "out")])
+  assert written["tasks"]["t"]["arms"]["tba"]["aggregate"] == together
+  assert [f for f in os.listdir(tmp_path / "out") if f.endswith(".json")][0].startswith(
+      "suite_validation_pooled_")
+
+
+@pytest.mark.parametrize("other, says", [
+    (_report("d1", {0: 0.9}), "seed 0 in two reports"),
+    (_report("d1", {1: 0.9}, fingerprint="f2"), "recipe f1 in one report, f2"),
+    (_report("d1", {1: 0.9}, machine="cpu Y, 2 cores"), "machine"),
+    (_report("d1", {1: 0.9}, grid="every 120 s"), "eval_grid"),
+])
+def test_reports_that_are_not_one_experiment_are_not_pooled(other, says):
+  with pytest.raises(ValueError, match=re.escape(says)):
+    suite.pool([_report("d0", {0: 0.85}), other])

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from tba_jax import batch as batch_lib
-from tba_jax import logprobs, losses, model, optim, sharding
+from tba_jax import logprobs, losses, model, optim, sharding, train_state
 from tba_jax import train_step as ts
 
 TP, TC, TEMPERATURE = 6, 8, 0.7
@@ -98,14 +98,14 @@ def cached_update(cfg, optimizer_name, num_devices, num_microbatches=1, remat=Fa
     objective = ts.Objective(counted_loss, SCHEDULES[schedule], TEMPERATURE)
     update = ts.make_update(cfg, optimizer, objective, mesh,
                             forward=ts.Forward(num_microbatches=num_microbatches, remat=remat))
-    _UPDATES[key] = (update, optimizer, ts.state_shardings(cfg, optimizer, mesh))
+    _UPDATES[key] = (update, optimizer, train_state.state_shardings(cfg, optimizer, mesh))
   return _UPDATES[key]
 
 
 def run(cfg, params, batches, optimizer_name="sgd", num_devices=4, **kw):
   """(final params as NumPy, per-step metrics) from a fresh state at `params`."""
   update, optimizer, shardings = cached_update(cfg, optimizer_name, num_devices, **kw)
-  state = ts.init_state(params, optimizer, shardings)
+  state = train_state.init_state(params, optimizer, shardings)
   history = []
   for batch in batches:
     state, metrics = update(state, batch)
@@ -189,7 +189,7 @@ def test_microbatches_that_do_not_split_the_batch_evenly_are_refused(tiny_cfg):
     update, optimizer, shardings = cached_update(tiny_cfg, "sgd", devices, num_microbatches=m)
     with pytest.raises(ValueError, match=f"num_microbatches={m} equal micro-batches of a "
                        f"multiple of the trainer's {devices} fsdp devices"):
-      update(ts.init_state(np_params(tiny_cfg, 0), optimizer, shardings), batch)
+      update(train_state.init_state(np_params(tiny_cfg, 0), optimizer, shardings), batch)
 
 
 @pytest.mark.slow  # ~11 s on 2 cores (2026-12-04): out of the default suite
@@ -262,7 +262,7 @@ def test_loss_decreases_and_rewarded_completion_gains_probability(tiny_cfg):
   assert gain[favoured].min() > gain[others].max(), gain
   # The AdamW moments live on the same FSDP sharding as the parameters.
   _, optimizer, shardings = cached_update(tiny_cfg, "adamw", 4, schedule="constant")
-  state = ts.init_state(params, optimizer, shardings)
+  state = train_state.init_state(params, optimizer, shardings)
   mu = state.opt_state[1][0].mu  # chain(clip, adamw(scale_by_adam, ...))
   spec = state.params["layers"]["mlp"]["up"].sharding.spec
   assert spec == sharding.P(None, "fsdp", None)
@@ -272,7 +272,7 @@ def test_loss_decreases_and_rewarded_completion_gains_probability(tiny_cfg):
 def test_update_compiles_once_for_fixed_batch_shape(tiny_cfg):
   params = np_params(tiny_cfg, 0)
   update, optimizer, shardings = cached_update(tiny_cfg, "sgd", 4)
-  state = ts.init_state(params, optimizer, shardings)
+  state = train_state.init_state(params, optimizer, shardings)
   betas = []
   for seed in range(4):  # new values every step, beta changes every step
     batch = make_batch(tiny_cfg, 10 + seed, equal_groups(4, 4, seed), params)
@@ -314,7 +314,7 @@ def test_precision_modes(tiny_cfg):
     cfg = tiny_cfg.replace(dtype=param_dtype)
     start = jax.tree.map(lambda x: jnp.asarray(x, cfg.jnp_dtype), params)
     update = ts.make_update(cfg, optimizer, TB, mesh, forward=ts.Forward(dtype="bfloat16"))
-    state = ts.init_state(start, optimizer, ts.state_shardings(cfg, optimizer, mesh))
+    state = train_state.init_state(start, optimizer, train_state.state_shardings(cfg, optimizer, mesh))
     state, metrics = update(state, batch)
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(param_dtype)}
     mu = state.opt_state.mu if moments == "bfloat16" else state.opt_state[0].mu
@@ -333,7 +333,7 @@ def test_update_u_applies_and_reports_lr_of_u(tiny_cfg):
   optimizer = optim.make_optimizer(schedule, 0.0, None)
   mesh = mesh_of(1)
   update = ts.make_update(tiny_cfg, optimizer, TB, mesh, lr_schedule=schedule)
-  state = ts.init_state(params, optimizer, ts.state_shardings(tiny_cfg, optimizer, mesh))
+  state = train_state.init_state(params, optimizer, train_state.state_shardings(tiny_cfg, optimizer, mesh))
   batch = make_batch(tiny_cfg, 9, equal_groups(4, 4, seed=9), np_params(tiny_cfg, 1))
   reported = []
   for u in (1, 2):
@@ -362,10 +362,10 @@ def test_a_learned_log_z_descends_to_each_prompts_vargrad_value(tiny_cfg):
       jnp.sum(token_logprobs(tiny_cfg, params, batch) * batch.completion_mask, -1),
       jnp.sum(batch.ref_logprobs, -1), batch.rewards, ids, BETA)  # VarGrad per prompt
   mesh = mesh_of(2)
-  learned = ts.LearnedLogZ(optax.sgd(0.4), num_prompts=3)  # id 2 never trains
+  learned = train_state.LearnedLogZ(optax.sgd(0.4), num_prompts=3)  # id 2 never trains
   optimizer = optax.sgd(0.0)
   update = ts.make_update(tiny_cfg, optimizer, TB, mesh, learned_log_z=learned)
-  state = ts.init_state(params, optimizer, ts.state_shardings(tiny_cfg, optimizer, mesh, learned),
+  state = train_state.init_state(params, optimizer, train_state.state_shardings(tiny_cfg, optimizer, mesh, learned),
                         learned)
   for _ in range(60):
     state, metrics = update(state, batch)
@@ -408,20 +408,20 @@ def test_dropout_changes_the_update_only_when_enabled_and_reproducibly(tiny_cfg)
   params = np_params(tiny_cfg, 0)
   batch = make_batch(tiny_cfg, 9, equal_groups(4, 4, seed=9), np_params(tiny_cfg, 1))
   mesh, optimizer = mesh_of(2), optax.sgd(1.0)
-  shardings = ts.state_shardings(tiny_cfg, optimizer, mesh)
+  shardings = train_state.state_shardings(tiny_cfg, optimizer, mesh)
 
   def update(rate, seed=0):
     return ts.make_update(tiny_cfg, optimizer, TB, mesh,
                           forward=ts.Forward(dropout=rate, dropout_seed=seed))
 
   def loss(update, steps=1):
-    state = ts.init_state(params, optimizer, shardings)
+    state = train_state.init_state(params, optimizer, shardings)
     for _ in range(steps):
       state, metrics = update(state, batch)
     return float(metrics["loss"])
 
   plain, dropped = update(0.0), update(0.1)
-  state = ts.init_state(params, optimizer, shardings)
+  state = train_state.init_state(params, optimizer, shardings)
   assert "threefry" not in plain.lower(state, batch).as_text()
   assert "threefry" in dropped.lower(state, batch).as_text()
   with_dropout = loss(dropped)
