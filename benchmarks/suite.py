@@ -327,8 +327,13 @@ def pool_command(paths: list[str], results_dir: str) -> dict:
   (+ .png) and printed."""
   reports = []
   for p in paths:
-    with open(p) as f:
-      reports.append(json.load(f))
+    try:
+      with open(p) as f:
+        reports.append(json.load(f))
+    except (OSError, json.JSONDecodeError) as e:
+      sys.exit(f"error: --pool {p}: not a readable suite report ({e})")
+    if not {"split", "machine", "date", "tasks"} <= reports[-1].keys():
+      sys.exit(f"error: --pool {p}: not a suite report (no split, machine, date or tasks)")
   try:
     report = pool(reports)
   except ValueError as e:

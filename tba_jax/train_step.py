@@ -8,7 +8,8 @@ sharded (sharding.param_shardings), the batch split over "fsdp", the train
 state (train_state.py) donated so its buffers are reused in place. `make_update`
 takes what the update minimises (`Objective`) and how its forward runs (`Forward`).
 
-Precision (the params dtype is whatever `init_state` got; the forward's is `Forward.dtype`):
+Precision (the params dtype is whatever `train_state.init_state` got; the forward's is
+`Forward.dtype`):
 - float32 params, compute float32: everything in float32.
 - float32 master weights: float32 params, compute "bfloat16". The loss
   casts the params to bfloat16 inside the program, so the forward/backward run

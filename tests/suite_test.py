@@ -161,3 +161,12 @@ def test_pooled_reports_aggregate_every_seed_as_one_run_would(tmp_path):
 def test_reports_that_are_not_one_experiment_are_not_pooled(other, says):
   with pytest.raises(ValueError, match=re.escape(says)):
     suite.pool([_report("d0", {0: 0.85}), other])
+
+
+def test_pool_names_a_missing_or_foreign_file(tmp_path):
+  foreign = tmp_path / "metrics.json"
+  foreign.write_text('{"loss": 1.0}')
+  for path, says in [(tmp_path / "absent.json", "not a readable suite report"),
+                     (foreign, "not a suite report")]:
+    with pytest.raises(SystemExit, match=re.escape(f"--pool {path}: {says}")):
+      suite.main(["--pool", str(path), "--results_dir", str(tmp_path)])
