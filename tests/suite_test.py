@@ -170,3 +170,16 @@ def test_pool_names_a_missing_or_foreign_file(tmp_path):
                      (foreign, "not a suite report")]:
     with pytest.raises(SystemExit, match=re.escape(f"--pool {path}: {says}")):
       suite.main(["--pool", str(path), "--results_dir", str(tmp_path)])
+
+
+@pytest.mark.parametrize("flags, named", [
+    ("fpu avx avx2 fma", "AMD EPYC, AVX2, 2 cores"),
+    ("avx avx2 avx512f avx512dq", "AMD EPYC, AVX-512, 2 cores"),
+    ("fpu sse2", "AMD EPYC, 2 cores"),
+])
+def test_the_machine_names_its_widest_vector_extension(tmp_path, monkeypatch, flags, named):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n"
+                     f"processor\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n")
+  monkeypatch.setattr(os, "cpu_count", lambda: 2)
+  assert suite._machine(str(cpuinfo)) == named
