@@ -26,6 +26,8 @@ import hashlib
 import json
 import os
 
+from tba_jax import run_config
+
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 VALIDATION_RUNS, TEST_READS = "validation_runs.jsonl", "test_reads.jsonl"
 # Top-level settings that do not change what is trained (module docstring).
@@ -37,22 +39,11 @@ class ProtocolError(Exception):
   """A run the protocol refuses; the message says which rule and how to proceed."""
 
 
-def _flat(settings: dict, prefix: str = "") -> dict:
-  """{"section.key": value} of a nested dict."""
-  flat = {}
-  for k, v in settings.items():
-    if isinstance(v, dict) and v:
-      flat.update(_flat(v, f"{prefix}{k}."))
-    else:
-      flat[prefix + k] = v
-  return flat
-
-
 def fingerprint(settings: dict, defaults: dict) -> str:
   """A hash of `settings` (a resolved config as a dict) where they differ from `defaults` (the
   same shape), without NOT_THE_RECIPE's sections."""
-  base = _flat(defaults)
-  kept = {k: v for k, v in _flat(settings).items()
+  base = run_config.flatten(defaults)
+  kept = {k: v for k, v in run_config.flatten(settings).items()
           if k.split(".")[0] not in NOT_THE_RECIPE and (k not in base or base[k] != v)}
   text = json.dumps(kept, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -62,11 +62,12 @@ def read(path: str) -> dict:
   return saved
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
+def flatten(d: dict, prefix: str = "") -> dict:
+  """{"section.key": value} of a nested dict (an empty dict is a value)."""
   out = {}
   for k, v in d.items():
     if isinstance(v, dict) and v:
-      out.update(_flatten(v, f"{prefix}{k}."))
+      out.update(flatten(v, f"{prefix}{k}."))
     else:
       out[f"{prefix}{k}"] = v
   return out
@@ -75,7 +76,7 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 def restore(config, saved: dict, path: str = FILE):
   """`config` (the recipe's ConfigDict; only its existing keys are set) with every value of
   `saved`; a key one of them lacks is refused by name (module doc)."""
-  want, have = _flatten(config.to_dict()), _flatten(saved)
+  want, have = flatten(config.to_dict()), flatten(saved)
   missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
   if missing or extra:
     said = "; ".join(s for s in (f"missing {missing[:8]}" if missing else "",

@@ -11,13 +11,6 @@ from tba_jax import run_config
 from tba_jax.errors import ConfigError
 
 
-def _flat(d, prefix=""):
-  out = {}
-  for k, v in d.items():
-    out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {prefix + k: v})
-  return out
-
-
 def _reread(path, default_config):
   """The config `--config path` gives the experiment of `default_config` (launch's reading)."""
   argv = launch._saved_configs(["prog", "--config", path], default_config)
@@ -38,7 +31,7 @@ def test_config_yaml_reads_back_as_the_same_config_with_the_same_types(tmp_path,
   assert path == str(tmp_path / "run" / "config.yaml")
   assert open(path).read().startswith("# The resolved config of the run in this directory")
   again = _reread(path, f"{experiment}.py:{config.variant}")
-  want, got = _flat(config.to_dict()), _flat(again.to_dict())
+  want, got = run_config.flatten(config.to_dict()), run_config.flatten(again.to_dict())
   assert got == want
   assert {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in want.items()}
   assert again.is_locked  # as every config file's: a mistyped override is still refused

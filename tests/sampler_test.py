@@ -13,6 +13,10 @@ import pytest
 from hf_models import make_hf_model
 from tba_jax import hf_checkpoints, model, sampler, sharding
 
+# float32 log-probs from two paths (cached decode; one forward over the whole sequence): on an
+# AVX-512 machine XLA's kernels put them 1.3e-5 apart at -2.2 (within 1e-5 on AVX2).
+TWO_PATHS = 3e-5
+
 # ---------------------------------------------------------------------------
 # Helpers.
 # ---------------------------------------------------------------------------
@@ -127,7 +131,7 @@ def test_sampled_logprobs_match_teacher_forcing(tiny_cfg, temperature, top_k, to
 
   scaled = _teacher_forced_logits(tiny_cfg, params, prompts, out.tokens, out.lengths) / temperature
   tempered = np.take_along_axis(_log_softmax(scaled), out.tokens[..., None], -1)[..., 0]
-  np.testing.assert_allclose(out.tempered_logprobs[real], tempered[real], atol=1e-5, rtol=0)
+  np.testing.assert_allclose(out.tempered_logprobs[real], tempered[real], atol=TWO_PATHS, rtol=0)
   # The truncated distribution, rebuilt independently: top-k by rank, then the
   # smallest descending prefix holding top_p of the (renormalised) mass.
   keep = np.ones(scaled.shape, bool)
@@ -144,7 +148,7 @@ def test_sampled_logprobs_match_teacher_forcing(tiny_cfg, temperature, top_k, to
   assert np.take_along_axis(keep, out.tokens[..., None], -1)[..., 0][real].all()
   truncated = np.take_along_axis(_log_softmax(np.where(keep, scaled, -np.inf)),
                                  out.tokens[..., None], -1)[..., 0]
-  np.testing.assert_allclose(out.logprobs[real], truncated[real], atol=1e-5, rtol=0)
+  np.testing.assert_allclose(out.logprobs[real], truncated[real], atol=TWO_PATHS, rtol=0)
   if top_k or top_p < 1:  # renormalising over the kept set raises the log-probs
     assert (out.logprobs[real] > out.tempered_logprobs[real] + 1e-3).any()
   else:
@@ -361,7 +365,7 @@ def test_a_call_temperature_reuses_the_programs_and_samples_at_that_temperature(
     real = np.arange(7)[None] < out.lengths[:, None]
     scaled = _teacher_forced_logits(tiny_cfg, params, prompts, out.tokens, out.lengths)
     want = np.take_along_axis(_log_softmax(scaled / temperature), out.tokens[..., None], -1)[..., 0]
-    np.testing.assert_allclose(out.tempered_logprobs[real], want[real], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(out.tempered_logprobs[real], want[real], atol=TWO_PATHS, rtol=0)
   assert len(traces) == 1  # one prefill program for the three temperatures
   with pytest.raises(ValueError, match="temperature"):
     s(params, prompts, jax.random.key(0), temperature=0.0)
