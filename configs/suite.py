@@ -28,7 +28,8 @@ take tens to hundreds), to be set from validation runs. Measured so far (validat
 benchmarks/results/LAB_LOG.md): two_op never reached 0.5 in 1,200 s (every arm stopped
 near 0.15, seed 0); word reached 0.6 at 383-599 s of its 900 and ended at 0.72-0.73 (the
 recipe, seeds 0-2) and 0.77-0.85 (optim.lr_control=drift at a constant lr, seeds 0-2);
-long_chat ended at 0.87-0.90, its peak, short of 0.9 (the recipe, seeds 0-1).
+long_chat ended at 0.87-0.90, its peak, short of 0.9 (the recipe, seeds 0-2; TRL GRPO
+at its better lr, 1e-5: 0.86-0.90, one seed reaching 0.9).
 
 Base rates: the untrained model's validation accuracy, through the run's evaluator at the
 cpu recipe's evaluation settings (32 new tokens; sampled pass@1 over 2 samples at T = 0.7)
