@@ -48,6 +48,37 @@ def test_final_minus_peak_counts_a_fall_and_one_seed_has_no_standard_error():
           "aggregate": nobody}}, "configs_tried": {"tba": 1, "trl": 0}}}})
 
 
+def test_the_bars_judge_each_tba_arm_against_the_trl_arm_with_the_best_final():
+  def arm(points_by_seed):
+    runs = {str(i): _curves(p) for i, p in enumerate(points_by_seed)}
+    return {"runs": runs, "aggregate": suite.aggregate(runs, target=0.8)}
+  task = {"target": 0.8, "arms": {
+      "tba": arm([[(0, 0, 0.3), (100, 9, 0.9)], [(0, 0, 0.3), (120, 9, 0.88)],
+                  [(0, 0, 0.3), (110, 9, 0.92)]]),
+      "tba:x=1": arm([[(0, 0, 0.3), (100, 9, 0.95), (200, 19, 0.85)],
+                      [(0, 0, 0.3), (100, 9, 0.78), (200, 19, 0.75)]]),
+      "trl:lr=1e-05": arm([[(0, 0, 0.3), (900, 20, 0.7)]]),
+      # the peer: two seeds reach 0.8 at 200 and 300 s, one never does (its end: 900 s)
+      "trl:lr=2e-05": arm([[(0, 0, 0.3), (200, 5, 0.9)], [(0, 0, 0.3), (300, 7, 0.85)],
+                           [(0, 0, 0.3), (900, 20, 0.8 - 1e-9)]])}}
+  b = suite.bars(task)
+  assert b["peer"] == "trl:lr=2e-05" and set(b["arms"]) == {"tba", "tba:x=1"}
+  assert task["arms"]["trl:lr=2e-05"]["aggregate"]["time_to_target_or_end_s"]["mean"] == (
+      pytest.approx((200 + 300 + 900) / 3))
+  assert b["arms"]["tba"] == {"holds": True, "final": True, "time": True,
+                              "time_ratio": pytest.approx(110 / ((200 + 300 + 900) / 3))}
+  # falls of 0.10 and 0.03 (mean 0.065), a seed that never reached 0.8, and a mean final
+  # (0.80) below the peer's 0.85 minus its standard error (0.029)
+  assert b["arms"]["tba:x=1"] == {"holds": False, "final": False, "time": False,
+                                  "time_ratio": None}
+  alone = suite.bars({"target": 0.8, "arms": {"tba": task["arms"]["tba"]}})
+  assert alone == {"peer": None, "arms": {"tba": {"holds": True, "final": None, "time": None,
+                                                  "time_ratio": None}}}
+  printed = suite.table({"tasks": {"t": task | {"budget_s": 900.0, "eval_grid": "grid"}}})
+  assert "bars, tba against trl:lr=2e-05: holds met, final met, time met (0.24x)" in printed
+  assert "bars, tba:x=1 against trl:lr=2e-05: holds NOT met, final NOT met, time NOT met" in printed
+
+
 def test_the_report_draws_every_run_against_minutes_and_updates(tmp_path):
   runs = {"0": _curves([(0, 0, 0.3), (60, 5, 0.9)]), "1": _curves([(0, 0, 0.2), (70, 6, 0.8)])}
   report = {"split": "validation", "tasks": {
