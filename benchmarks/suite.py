@@ -114,7 +114,7 @@ def bars(task: dict) -> dict:
   `final`, the arm's mean final >= the peer's minus one standard error; `time`, every seed
   reached the target and the arm's mean time to it is <= TIME_RATIO x the peer's, a peer seed
   that never reached it counted at its last evaluation (a lower bound, so the ratio errs
-  against tba). {"peer": spec or None, "arms": {spec: {bar: bool or None (no peer)}}, "why"}."""
+  against tba). {"peer": spec or None, "arms": {spec: {bar: bool or None (no peer), "time_ratio"}}}."""
   arms = task["arms"]
   peers = [s for s in arms if s.split(":")[0] == protocol.PEER]
   peer = max(peers, key=lambda s: arms[s]["aggregate"]["final"]["mean"], default=None)
