@@ -1,4 +1,5 @@
-"""The protocol for recipe work as files: what was tried on validation, what read the test split.
+"""The protocol for recipe work as files: what was tried on validation, what read the test split,
+and the bars a recipe is judged by.
 
 docs/benchmarks.md, "Protocol for recipe work", states the rules; this module keeps the two
 append-only ledgers that enforce them (benchmarks/results/, committed with the results):
@@ -17,6 +18,9 @@ evaluation grid is the same recipe; another lr is not; nor does a key added to t
 a default that leaves training as it was make every recipe a new one. A changed default is a
 change of code, as a changed loss is: neither is in the hash, and LAB_LOG says when one was
 made.
+
+`bars` judges each tba arm of a suite task against its best TRL arm by issue 48's bars (no
+fall, final, time); benchmarks/suite.py prints and stores the verdict with every report.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ VALIDATION_RUNS, TEST_READS = "validation_runs.jsonl", "test_reads.jsonl"
 # Top-level settings that do not change what is trained (module docstring).
 NOT_THE_RECIPE = ("seed", "workdir", "eval", "log", "checkpoint", "export", "variant")
 OURS, PEER = "tba", "trl"  # the arm families whose tuning budgets are compared
+HOLD_WITHIN, TIME_RATIO = 0.05, 0.8  # issue 48's bars (bars): no fall, time against the peer
 
 
 class ProtocolError(Exception):
@@ -179,3 +184,30 @@ def check_recorded_read(ledger: Ledger, task: str, fingerprint: str) -> None:
     raise ProtocolError(f"the test split is read through python -m benchmarks.suite --split "
                         f"test (it records the read); {task} / {fingerprint} has no record in "
                         f"{os.path.join(ledger.directory, TEST_READS)}")
+
+
+def bars(task: dict) -> dict:
+  """Issue 48's bars for each tba arm of a task (its aggregates) against the peer, the TRL
+  arm with the highest mean final: `holds`, final minus peak (mean over seeds) >= -HOLD_WITHIN;
+  `final`, the arm's mean final >= the peer's minus one standard error; `time`, every seed
+  reached the target and the arm's mean time to it is <= TIME_RATIO x the peer's, a peer seed
+  that never reached it counted at its last evaluation (a lower bound, so the ratio errs
+  against tba). {"peer": spec or None, "arms": {spec: {bar: bool or None (no peer), "time_ratio"}}}."""
+  arms = task["arms"]
+  peers = [s for s in arms if s.split(":")[0] == PEER]
+  peer = max(peers, key=lambda s: arms[s]["aggregate"]["final"]["mean"], default=None)
+  out = {"peer": peer, "arms": {}}
+  for spec, a in arms.items():
+    if spec in peers:
+      continue
+    g = a["aggregate"]
+    b = out["arms"][spec] = {"holds": g["final_minus_peak"]["mean"] >= -HOLD_WITHIN,
+                             "final": None, "time": None, "time_ratio": None}
+    if peer is None:
+      continue
+    p = arms[peer]["aggregate"]
+    b["final"] = g["final"]["mean"] >= p["final"]["mean"] - (p["final"]["se"] or 0.0)
+    if g["reached"] == g["seeds"]:
+      b["time_ratio"] = g["time_to_target_s"]["mean"] / p["time_to_target_or_end_s"]["mean"]
+    b["time"] = b["time_ratio"] is not None and b["time_ratio"] <= TIME_RATIO
+  return out

@@ -44,7 +44,6 @@ from benchmarks import protocol, trl_grpo
 from benchmarks.trl_grpo import Schedule, TrlSettings
 
 MIN_TEST_SEEDS, HEADLINE_TEST_SEEDS = 2, 3
-HOLD_WITHIN, TIME_RATIO = 0.05, 0.8  # issue 48's bars (bars): no fall, time against the peer
 HEADLINE_TASKS = ("add_mul_1d",)  # the cpu recipe's task (README): HEADLINE_TEST_SEEDS on test
 # Keys the suite sets for every tba arm (trl_grpo.tba_overrides): not an arm's to change.
 SUITE_KEYS = ("seed", "max_train_seconds", "eval.")
@@ -108,33 +107,6 @@ def aggregate(runs: dict, target: float) -> dict:
           "updates": mean_se(c["evals"][-1]["updates"] or 0 for c in runs.values())}
 
 
-def bars(task: dict) -> dict:
-  """Issue 48's bars for each tba arm of a task (its aggregates) against the peer, the TRL
-  arm with the highest mean final: `holds`, final minus peak (mean over seeds) >= -HOLD_WITHIN;
-  `final`, the arm's mean final >= the peer's minus one standard error; `time`, every seed
-  reached the target and the arm's mean time to it is <= TIME_RATIO x the peer's, a peer seed
-  that never reached it counted at its last evaluation (a lower bound, so the ratio errs
-  against tba). {"peer": spec or None, "arms": {spec: {bar: bool or None (no peer), "time_ratio"}}}."""
-  arms = task["arms"]
-  peers = [s for s in arms if s.split(":")[0] == protocol.PEER]
-  peer = max(peers, key=lambda s: arms[s]["aggregate"]["final"]["mean"], default=None)
-  out = {"peer": peer, "arms": {}}
-  for spec, a in arms.items():
-    if spec in peers:
-      continue
-    g = a["aggregate"]
-    b = out["arms"][spec] = {"holds": g["final_minus_peak"]["mean"] >= -HOLD_WITHIN,
-                             "final": None, "time": None, "time_ratio": None}
-    if peer is None:
-      continue
-    p = arms[peer]["aggregate"]
-    b["final"] = g["final"]["mean"] >= p["final"]["mean"] - (p["final"]["se"] or 0.0)
-    if g["reached"] == g["seeds"]:
-      b["time_ratio"] = g["time_to_target_s"]["mean"] / p["time_to_target_or_end_s"]["mean"]
-    b["time"] = b["time_ratio"] is not None and b["time_ratio"] <= TIME_RATIO
-  return out
-
-
 def _pm(stat: dict, fmt: str = "{:.3f}") -> str:
   if stat["mean"] is None:
     return "-"
@@ -156,7 +128,7 @@ def table(report: dict) -> str:
                    f"{_pm(g['final_minus_peak']):>15}")
       if g["never_reached"]:
         lines.append(f"  {'':<38} seeds {g['never_reached']} never reached {t['target']}")
-    b = bars(t)
+    b = protocol.bars(t)
     for spec, arm in b["arms"].items():
       said = ", ".join(f"{k} {'-' if v is None else 'met' if v else 'NOT met'}"
                        for k, v in arm.items() if k != "time_ratio")
@@ -200,7 +172,7 @@ def pool(reports: list[dict]) -> dict:
     for a in t["arms"].values():
       a["runs"] = dict(sorted(a["runs"].items(), key=lambda kv: int(kv[0])))
       a["aggregate"] = aggregate(a["runs"], t["target"])
-    t["bars"] = bars(t)
+    t["bars"] = protocol.bars(t)
   return out
 
 
@@ -354,7 +326,7 @@ def main(argv=None) -> dict:
           curves = trl_grpo.trl_arm(name, arm, seed, schedule, where, args.results_dir)
         a["runs"][str(seed)] = curves
         a["aggregate"] = aggregate(a["runs"], task["target"])
-        t["bars"] = bars(t)
+        t["bars"] = protocol.bars(t)
         _write(path, report)  # after every run: a suite cut short keeps what it measured
     # On test, as the reads recorded them (the stated count where it exceeds the ledger's).
     t["configs_tried"] = (next(r["configs_tried"] for r in reads if r["task"] == name) if reads

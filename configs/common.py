@@ -163,7 +163,8 @@ def base() -> ml_collections.ConfigDict:
   )
   c.optim = dict(
       learning_rate=key(1e-5, ">= 0"),
-      # "wsd" (warmup-stable-decay), "linear", "cosine", "constant"
+      # "wsd" (warmup-stable-decay), "linear", "cosine", "constant", "rsqrt" (warmup, constant
+      # to warmup + stable_steps = k, then learning_rate * sqrt(k / u): no horizon)
       schedule=key("wsd", choices.SCHEDULES),
       warmup_steps=key(50, ">= 0"),  # phase lengths, as the authors' transformers WSD schedule:
       stable_steps=key(350, ">= 0"),  # 50 warmup, 350 constant, then cosine over 600 steps (cut
@@ -171,6 +172,7 @@ def base() -> ml_collections.ConfigDict:
       # "linear": the lr reaches 0 at this step (0: num_train_steps)
       linear_decay_steps=key(0, ">= 0"),
       final_lr=key(0.0, ">= 0"),  # wsd / linear / cosine: the lr the decay ends at and keeps
+                                  # (rsqrt: its floor)
       weight_decay=key(0.0, ">= 0"),
       b1=key(0.9, "[0, 1]"),
       b2=key(0.999, "[0, 1]"),

@@ -39,7 +39,7 @@ TASKS = dict.fromkeys(("gsm8k", "math", "arithmetic", "tldr", "redteam"))
 # loss.name -> fn(loss section) -> train_step.LossFn
 LOSSES = dict.fromkeys(("tb", "rloo", "grpo", "ratio"))
 # optim.schedule -> fn(optim section, num_train_steps) -> lr(u)
-SCHEDULES = dict.fromkeys(("wsd", "linear", "cosine", "constant"))
+SCHEDULES = dict.fromkeys(("wsd", "linear", "cosine", "constant", "rsqrt"))
 # optim.lr_control -> fn(optim section) -> optim.DriftControl or None
 LR_CONTROLS = dict.fromkeys(("none", "drift"))
 

@@ -401,6 +401,8 @@ SCHEDULES = choices.fill(choices.SCHEDULES, {
     "cosine": lambda o, n: optim.warmup_cosine(o.learning_rate, o.warmup_steps,
                                                o.decay_steps or n, o.final_lr),
     "constant": lambda o, n: lambda step: o.learning_rate,
+    "rsqrt": lambda o, n: optim.warmup_rsqrt(o.learning_rate, o.warmup_steps, o.stable_steps,
+                                             o.final_lr),
 })
 
 

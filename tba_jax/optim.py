@@ -83,6 +83,23 @@ def warmup_cosine(peak_lr: float, warmup_steps: int, total_steps: int,
                                             max(total_steps, warmup_steps + 1), final_lr)
 
 
+def warmup_rsqrt(peak_lr: float, warmup_steps: int, stable_steps: int,
+                 final_lr: float = 0.0) -> optax.Schedule:
+  """lr(u): linear warmup u / warmup, constant to the knee k = warmup + stable, then
+  peak_lr * sqrt(k / u), never below final_lr. A decay without a horizon: the step shrinks
+  as 1 / sqrt(u) while the lr summed over the first u updates grows as sqrt(u), so a task
+  that climbs for 200 updates is still learning at its end, where a cosine fixed in
+  advance would have stopped at its floor."""
+  knee = max(warmup_steps + stable_steps, 1)
+  floor = final_lr / peak_lr if peak_lr else 0.0
+
+  def schedule(u):
+    u = jnp.asarray(u, jnp.float32)
+    warm = jnp.minimum(u / warmup_steps, 1.0) if warmup_steps else 1.0
+    return peak_lr * warm * jnp.maximum(jnp.sqrt(knee / jnp.maximum(u, knee)), floor)
+  return schedule
+
+
 # ---------------------------------------------------------------------------
 # AdamW.
 # ---------------------------------------------------------------------------

@@ -35,7 +35,7 @@ def schedules(c, beta_at: Callable[[int], float], lr_at: Callable[[int], float])
   # where the schedule's phases end (config_builders.SCHEDULES)
   end = {"wsd": w + o.stable_steps + o.decay_steps, "cosine": o.decay_steps or n,
          "linear": o.linear_decay_steps or n}.get(o.schedule, n)
-  stable_end = w + o.stable_steps if o.schedule == "wsd" else w
+  stable_end = w + o.stable_steps if o.schedule in ("wsd", "rsqrt") else w
   lr_steps = (w, w + 1, stable_end, (stable_end + end) // 2, end, n // 2)
   return {"beta": _points(beta_at, beta_steps, n) + f" ({lo.name})",
           "lr": _points(lr_at, lr_steps, n) + f" ({o.schedule})"}

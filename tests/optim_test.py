@@ -71,3 +71,10 @@ def test_learning_rate_schedules():
       [0.0, 0.5, 1.0, 0.55, 0.1, 0.1])
   cosine = optim.warmup_cosine(1.0, warmup_steps=10, total_steps=110)
   assert [lr(cosine, c) for c in (0, 10, 60, 110)] == pytest.approx([0.0, 1.0, 0.5, 0.0], abs=1e-6)
+  # rsqrt: warmup to 4, constant to the knee at 4 + 6 = 10, then sqrt(10 / u), floored at 0.1
+  rsqrt = optim.warmup_rsqrt(1.0, warmup_steps=4, stable_steps=6, final_lr=0.1)
+  assert [lr(rsqrt, c) for c in (1, 4, 10, 40, 250, 1000, 10_000)] == pytest.approx(
+      [0.25, 1.0, 1.0, 0.5, 0.2, 0.1, 0.1])
+  # no horizon: the lr summed over updates keeps growing as sqrt(u)
+  total = lambda n: sum(lr(optim.warmup_rsqrt(1.0, 0, 10), u) for u in range(1, n + 1))
+  assert total(400) - total(100) == pytest.approx(2 * 10 ** 0.5 * (20 - 10), rel=0.01)

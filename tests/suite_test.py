@@ -61,7 +61,7 @@ def test_the_bars_judge_each_tba_arm_against_the_trl_arm_with_the_best_final():
       # the peer: two seeds reach 0.8 at 200 and 300 s, one never does (its end: 900 s)
       "trl:lr=2e-05": arm([[(0, 0, 0.3), (200, 5, 0.9)], [(0, 0, 0.3), (300, 7, 0.85)],
                            [(0, 0, 0.3), (900, 20, 0.8 - 1e-9)]])}}
-  b = suite.bars(task)
+  b = protocol.bars(task)
   assert b["peer"] == "trl:lr=2e-05" and set(b["arms"]) == {"tba", "tba:x=1"}
   assert task["arms"]["trl:lr=2e-05"]["aggregate"]["time_to_target_or_end_s"]["mean"] == (
       pytest.approx((200 + 300 + 900) / 3))
@@ -71,7 +71,7 @@ def test_the_bars_judge_each_tba_arm_against_the_trl_arm_with_the_best_final():
   # (0.80) below the peer's 0.85 minus its standard error (0.029)
   assert b["arms"]["tba:x=1"] == {"holds": False, "final": False, "time": False,
                                   "time_ratio": None}
-  alone = suite.bars({"target": 0.8, "arms": {"tba": task["arms"]["tba"]}})
+  alone = protocol.bars({"target": 0.8, "arms": {"tba": task["arms"]["tba"]}})
   assert alone == {"peer": None, "arms": {"tba": {"holds": True, "final": None, "time": None,
                                                   "time_ratio": None}}}
   printed = suite.table({"tasks": {"t": task | {"budget_s": 900.0, "eval_grid": "grid"}}})
