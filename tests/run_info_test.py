@@ -45,6 +45,16 @@ def test_a_cosine_lr_is_given_where_it_ends_not_at_the_wsd_phases():
       "9.985e-06 @1 -> 5e-06 @20 -> 0 @40 -> 0 @50 -> 0 @100 (cosine)"
 
 
+def test_rsqrt_is_given_at_its_knee_and_where_it_halves_and_quarters_the_peak():
+  c = gsm8k_config.get_config("cpu")
+  c.optim.update(schedule="rsqrt", learning_rate=2e-5, warmup_steps=0, stable_steps=10,
+                 final_lr=5e-7)
+  c.num_train_steps = 50_000
+  lr = config_builders.lr_schedule(c.optim, c.num_train_steps)
+  assert run_info.schedules(c, lambda u: 0.05, lambda u: float(lr(u)))["lr"] == \
+      "2e-05 @1 -> 2e-05 @10 -> 1e-05 @40 -> 5e-06 @160 -> 5e-07 @25000 -> 5e-07 @50000 (rsqrt)"
+
+
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "wsd"])
 def test_every_decay_ends_at_optim_final_lr_and_stays_there(schedule):
   c = gsm8k_config.get_config("cpu")
