@@ -299,8 +299,7 @@ def main(argv=None) -> dict:
     ledger.record_test_read(entry)
 
   # ----- Run: task by task, arm by arm, seed by seed ----------------------------------------
-  stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
-  path = os.path.join(args.results_dir, f"suite_{args.split}_{stamp}.json")
+  stamp, path = _new_report(args.results_dir, f"suite_{args.split}")
   report = {"split": args.split, "date": stamp, "command": sys.argv if argv is None else argv,
             "machine": _machine(), "tiny": args.tiny, "tasks": {}}
   for name, task in tasks.items():
@@ -355,14 +354,24 @@ def pool_command(paths: list[str], results_dir: str) -> dict:
     report = pool(reports)
   except ValueError as e:
     sys.exit(f"error: {e}")
-  stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
-  path = os.path.join(results_dir, f"suite_{report['split']}_pooled_{stamp}.json")
+  stamp, path = _new_report(results_dir, f"suite_{report['split']}_pooled")
   report["date"], report["command"] = stamp, ["--pool", *paths]
   _write(path, report)
   plot(report, path[:-len(".json")] + ".png")
   print(table(report))
   print(f"pooled {len(paths)} reports: {path} (curves: .png)")
   return report
+
+
+def _new_report(results_dir: str, prefix: str) -> tuple[str, str]:
+  """(stamp, results_dir/prefix_stamp.json) for a report: the time, with _2, _3, ... after it
+  when a report of the same second is there (two pools in one second overwrote the first)."""
+  stamp = base = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
+  n = 1
+  while os.path.exists(os.path.join(results_dir, f"{prefix}_{stamp}.json")):
+    n += 1
+    stamp = f"{base}_{n}"
+  return stamp, os.path.join(results_dir, f"{prefix}_{stamp}.json")
 
 
 def _finite(value):

@@ -1,5 +1,6 @@
 """benchmarks/suite.py: the statistics over seeds (time to target with seeds that never reach
 it, standard errors), the arm specs, the command line's protocol refusals, and a tiny run."""
+import datetime
 import json
 import math
 import os
@@ -181,6 +182,20 @@ def test_pooled_reports_aggregate_every_seed_as_one_run_would(tmp_path):
   assert written["tasks"]["t"]["arms"]["tba"]["aggregate"] == together
   assert [f for f in os.listdir(tmp_path / "out") if f.endswith(".json")][0].startswith(
       "suite_validation_pooled_")
+
+
+def test_two_pools_in_one_second_write_two_files(tmp_path, monkeypatch):
+  now = datetime.datetime(2026, 12, 8, 4, 4, 52)
+  monkeypatch.setattr(suite, "datetime", types.SimpleNamespace(
+      datetime=types.SimpleNamespace(now=lambda: now)))
+  path = str(tmp_path / "r.json")
+  with open(path, "w") as f:
+    json.dump(_report("d0", {0: 0.85}), f)
+  out = str(tmp_path / "out")
+  dates = [suite.main(["--pool", path, "--results_dir", out])["date"] for _ in range(3)]
+  assert dates == ["20261208_040452", "20261208_040452_2", "20261208_040452_3"]
+  assert sorted(f for f in os.listdir(out) if f.endswith(".json")) == [
+      f"suite_validation_pooled_{d}.json" for d in dates]
 
 
 @pytest.mark.parametrize("other, says", [
