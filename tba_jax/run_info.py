@@ -34,12 +34,13 @@ def schedules(c, beta_at: Callable[[int], float], lr_at: Callable[[int], float])
   w = o.warmup_steps
   # where the schedule's phases end (config_builders.SCHEDULES)
   stable_end = w + o.stable_steps if o.schedule in ("wsd", "rsqrt") else w
-  # rsqrt has no end: it halves the peak at 4x its knee and quarters it at 16x
-  end = {"wsd": w + o.stable_steps + o.decay_steps, "cosine": o.decay_steps or n,
-         "linear": o.linear_decay_steps or n, "rsqrt": 16 * max(stable_end, 1)
-         }.get(o.schedule, n)
-  lr_steps = (w, w + 1, stable_end, 4 * stable_end if o.schedule == "rsqrt" else
-              (stable_end + end) // 2, end, n // 2)
+  if o.schedule == "rsqrt":  # no end: the lr is half the peak at 4x the knee, a quarter at 16x
+    middle, end = 4 * stable_end, 16 * stable_end
+  else:
+    end = {"wsd": w + o.stable_steps + o.decay_steps, "cosine": o.decay_steps or n,
+           "linear": o.linear_decay_steps or n}.get(o.schedule, n)
+    middle = (stable_end + end) // 2
+  lr_steps = (w, w + 1, stable_end, middle, end, n // 2)
   return {"beta": _points(beta_at, beta_steps, n) + f" ({lo.name})",
           "lr": _points(lr_at, lr_steps, n) + f" ({o.schedule})"}
 
