@@ -28,7 +28,7 @@ take tens to hundreds), to be set from validation runs. Measured so far (validat
 benchmarks/results/LAB_LOG.md): two_op never reached 0.5 in 1,200 s (every arm stopped
 near 0.15, seed 0); word reached 0.6 at 383-599 s of its 900 and ended at 0.72-0.73 (the
 recipe, seeds 0-2) and 0.77-0.85 (optim.lr_control=drift at a constant lr, seeds 0-2) on
-an AVX2 EPYC; on an AVX-512 EPYC TRL GRPO ended it at 0.84-0.86 (lr 2e-5, seeds 0-1) and
+an AVX2 EPYC; on an AVX-512 EPYC TRL GRPO ended it at 0.83-0.86 (lr 2e-5, seeds 0-2) and
 free-running searchers at 0.70 (seed 0) and free-running with an inverse-square-root
 decay from lr 2e-5 (optim.schedule=rsqrt, optim.stable_steps=10) at 0.83-0.91 (seeds 0-2);
 long_chat ended at 0.87-0.90, its peak, short of 0.9 (the recipe, seeds 0-2; TRL GRPO
